@@ -1,0 +1,33 @@
+"""The `binlake` command: dispatches lazily to each service's entry point."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "parser": ("services.parser.__main__", "main", "read the binlog into BINLAKE_RAW"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: binlake <command> [args]", "", "commands:"]
+    lines += [f"  {name:<10} {help}" for name, (_, _, help) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return
+    if args[0] not in COMMANDS:
+        print(f"binlake: unknown command {args[0]!r}\n\n{usage()}", file=sys.stderr)
+        raise SystemExit(2)
+    module, func, _ = COMMANDS[args[0]]
+    sys.argv = [f"binlake {args[0]}", *args[1:]]
+    getattr(importlib.import_module(module), func)()
+
+
+if __name__ == "__main__":
+    main()

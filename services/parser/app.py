@@ -1,0 +1,141 @@
+"""Composition root of the parser: lease, pipeline (binlog thread -> publisher), reporter.
+
+Only the lease holder runs the pipeline. The pipeline is restarted as a unit on transient
+errors: every run re-checks the source, re-reads the stream tail and opens a fresh binlog
+connection, so nothing from a failed run survives in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+
+import structlog
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from services.parser.binlog import BinlogReader, SourceDsn
+from services.parser.checks import inspect_source
+from services.parser.config import ParserConfig
+from services.parser.position import PositionReporter, read_tail
+from services.parser.publisher import Publisher
+from services.parser.transactions import Assembler, Outgoing
+from shared import jetstream
+from shared.actor import Latest, run_all, supervise_call
+from shared.bridge import ThreadBridge
+from shared.errors import LeaseLost, SourceUnavailable
+from shared.lease import Lease
+from shared.metrics import Registry, serve
+from shared.subjects import Names
+
+log = structlog.get_logger()
+
+
+class Pipeline:
+    """One run of binlog -> BINLAKE_RAW, from the stream tail until an error or cancellation."""
+
+    def __init__(self, cfg: ParserConfig, nc: NATS, js: JetStreamContext, progress: Latest[Outgoing],
+                 registry: Registry) -> None:
+        self.cfg = cfg
+        self.nc = nc
+        self.js = js
+        self.names = Names(cfg.prefix)
+        self.dsn = SourceDsn.parse(cfg.source_url)
+        self.progress = progress
+        self.runs = registry.counter("parser_pipeline_starts_total", "Pipeline (re)starts")
+        self.published = registry.counter("parser_messages_total", "Messages acked by JetStream")
+        self.events = registry.counter("parser_binlog_events_total", "Binlog events read")
+        self.zero_dates = registry.counter("parser_zero_dates_total", "Zero or invalid dates decoded as null")
+        self.log = log.bind(actor="pipeline")
+
+    async def run(self) -> None:
+        self.runs.inc()
+        cfg = self.cfg
+        info = await inspect_source(self.dsn)
+        await jetstream.ensure_stream(self.js, jetstream.raw_stream_config(self.names, cfg.partitions))
+        tail = await read_tail(self.js, self.names, cfg.source)
+        start = tail.resume if tail else (info.current if cfg.start == "current" else info.earliest)
+        asm = Assembler(cfg.source, self.names, start, max_payload=self.nc.max_payload,
+                        skip=tail.skip if tail else None, mariadb=info.mariadb)
+        publisher = Publisher(self.js, tail.last_id if tail else None, self._acked, ack_timeout_s=cfg.ack_timeout_s)
+        self.log.info("pipeline.start", resume_file=start.file, resume_offset=start.offset, resume_gtid=start.gtid,
+                      skip=tail.skip if tail else None, server=info.version, fresh=tail is None)
+        if tail is None:
+            # Persist the starting point before reading, so a crash cannot move it forward.
+            await publisher.publish(asm.heartbeat(int(time.time() * 1000)))
+            await publisher.flush()
+        bridge: ThreadBridge[Outgoing] = ThreadBridge(asyncio.get_running_loop(), max_items=20_000)
+        reader = BinlogReader(self.dsn, cfg.replica_server_id, asm, bridge, mariadb=info.mariadb,
+                              heartbeat_s=cfg.heartbeat_s)
+        thread = threading.Thread(target=reader.run, name="binlog-reader", daemon=True)
+        thread.start()
+        counted = 0
+        try:
+            while True:
+                batch = bridge.get_nowait()
+                if not batch:
+                    await publisher.flush()
+                    self.events.inc(reader.events - counted)
+                    counted = reader.events
+                    try:
+                        batch = await bridge.get()
+                    except EOFError:
+                        raise SourceUnavailable("the binlog reader stopped") from None
+                await publisher.publish(batch)
+        finally:
+            bridge.cancel()
+            publisher.abandon()
+            reader.close()
+            self.zero_dates.set(asm_zero_dates(reader))
+            await asyncio.get_running_loop().run_in_executor(None, thread.join, 10.0)
+
+    def _acked(self, msg: Outgoing) -> None:
+        self.published.inc()
+        if msg.last:
+            self.progress.set(msg)
+
+
+def asm_zero_dates(reader: BinlogReader) -> float:
+    return float(reader.stats.zero_dates)
+
+
+async def main(cfg: ParserConfig) -> None:
+    registry = Registry()
+    leader = registry.gauge("parser_leader", "1 while this instance holds the parser lease")
+    server = None
+    if cfg.metrics_port >= 0:
+        server = await serve(registry, cfg.metrics_host, cfg.metrics_port, healthy=lambda: True)
+    nc = await jetstream.connect(cfg.nats_url, name=f"binlake-parser-{cfg.source}")
+    js = nc.jetstream(publish_async_max_pending=cfg.publish_window)
+    names = Names(cfg.prefix)
+    try:
+        leases = await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=cfg.lease_ttl_s)
+        cursors = await jetstream.ensure_kv(js, names.cursors_bucket, history=16)
+        lease = Lease(leases, f"parser.{cfg.source}", cfg.instance, cfg.lease_ttl_s)
+
+        async def lead() -> None:
+            while True:
+                await lease.acquire()
+                leader.set(1)
+                progress: Latest[Outgoing] = Latest()
+                pipeline = Pipeline(cfg, nc, js, progress, registry)
+                reporter = PositionReporter(cursors, cfg.source, progress, registry, cfg.report_interval_s)
+                try:
+                    async with asyncio.TaskGroup() as tg:
+                        tg.create_task(lease.keep())
+                        tg.create_task(supervise_call(pipeline.run, cfg.restart, pipeline.log))
+                        tg.create_task(reporter.run())
+                except* LeaseLost as eg:
+                    log.warning("lease.lost", reason=str(eg.exceptions[0]))
+                finally:
+                    leader.set(0)
+                    await lease.release()
+
+        await run_all([lead])
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()
+        if server is not None:
+            server.close()

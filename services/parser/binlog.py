@@ -1,0 +1,244 @@
+"""The only blocking code: mysql-replication's reader in a thread, feeding the event loop.
+
+`BinlogReader.run` is the thread body. It reads events, turns TableMaps into compiled
+schemas, decodes rows itself (`rows.decode_rows`), lets the `Assembler` cut transactions and
+envelopes, and hands finished messages to a `ThreadBridge`. Connection errors are not
+retried here: the library would reconnect from its original start position and replay
+forever (see PITFALLS), so every error ends the thread and the pipeline restarts from what
+the stream holds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pymysql
+import pymysqlreplication.binlogstream as binlogstream
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication import event as ev
+from pymysqlreplication import row_event as rev
+
+from services.parser.columns import TableSchema, schema_from_table_map
+from services.parser.rows import check_full_image, decode_rows
+from services.parser.transactions import Assembler, Outgoing, Resume
+from services.parser.values import DecodeStats
+from shared.bridge import BridgeClosed, ThreadBridge
+from shared.errors import (
+    AccessDenied,
+    BinlakeError,
+    BinlogPurged,
+    ConfigError,
+    DecodeError,
+    MissingPrivilege,
+    SourceMisconfigured,
+    SourceUnavailable,
+)
+
+# Never let the library reconnect by itself (it would restart from its first position).
+binlogstream.MYSQL_EXPECTED_ERROR_CODES = []
+
+_EVENTS = [
+    ev.QueryEvent, ev.XidEvent, ev.GtidEvent, ev.MariadbGtidEvent, ev.RotateEvent, ev.FormatDescriptionEvent,
+    ev.HeartbeatLogEvent, ev.MariadbGtidListEvent, ev.MariadbBinLogCheckPointEvent, ev.PreviousGtidsEvent,
+    ev.NotImplementedEvent, ev.XAPrepareEvent, ev.StopEvent, ev.BeginLoadQueryEvent, ev.ExecuteLoadQueryEvent,
+    ev.MariadbStartEncryptionEvent, rev.TableMapEvent, rev.WriteRowsEvent, rev.UpdateRowsEvent,
+    rev.DeleteRowsEvent, rev.PartialUpdateRowsEvent,
+]
+_ROW_OPS = {rev.WriteRowsEvent: "i", rev.UpdateRowsEvent: "u", rev.DeleteRowsEvent: "d"}
+ANONYMOUS_GTID = 0x22
+HEARTBEAT_V2 = 0x29
+TRANSACTION_PAYLOAD = 0x28
+_IGNORABLE = {0x1C, 0x1D, 0x24, 0x25, 0x05, 0x0D, 0x0E, 0xA0}  # ignorable, rows-query, context, intvar, rand...
+_MARIADB_COMPRESSED = set(range(0xA5, 0xAC))
+
+
+@dataclass(frozen=True)
+class SourceDsn:
+    host: str
+    port: int
+    user: str
+    password: str
+
+    @classmethod
+    def parse(cls, url: str) -> SourceDsn:
+        parts = urlsplit(url)
+        if parts.scheme not in ("mysql", "mariadb") or not parts.hostname:
+            raise ConfigError(f"source URL must look like mysql://user:password@host:3306, got scheme {parts.scheme!r}")
+        return cls(host=parts.hostname, port=parts.port or 3306, user=unquote(parts.username or "root"),
+                   password=unquote(parts.password or ""))
+
+    def pymysql_settings(self) -> dict[str, Any]:
+        return {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password,
+                "connect_timeout": 10}
+
+
+def map_mysql_error(exc: Exception, where: str) -> BinlakeError:
+    """Translate a pymysql error into the binlake error that tells the operator what to do."""
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+    text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
+    if code == 1236:
+        return BinlogPurged(
+            f"the source cannot stream from {where}: {text}. The binlogs holding that position are gone; "
+            "take a new snapshot and reset the parser (delete its raw stream data) to continue"
+        )
+    if code == 1045:
+        return AccessDenied(f"access denied for the source user ({text}); check user and password in the source URL")
+    if code in (1227, 1044, 1142, 1143):
+        return MissingPrivilege(
+            f"the source user lacks a privilege ({text}); GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO it"
+        )
+    if code in (2003, 2005, 2006, 2013, 2055) or isinstance(exc, (OSError, pymysql.err.InterfaceError)):
+        return SourceUnavailable(f"source unreachable or gone away ({text})")
+    return DecodeError(f"binlog stream failed at {where}: {exc!r}")
+
+
+class BinlogReader:
+    """Reads the binlog from `start` and pushes finished messages into `bridge` (thread body)."""
+
+    def __init__(self, dsn: SourceDsn, server_id: int, assembler: Assembler, bridge: ThreadBridge[Outgoing],
+                 *, mariadb: bool, heartbeat_s: float = 5.0) -> None:
+        self._dsn = dsn
+        self._server_id = server_id
+        self._asm = assembler
+        self._bridge = bridge
+        self._mariadb = mariadb
+        self._heartbeat_s = heartbeat_s
+        self._schemas: dict[bytes, TableSchema] = {}
+        self._tables: dict[int, TableSchema] = {}
+        self._stream: BinLogStreamReader | None = None
+        self.events = 0
+        self.stats = DecodeStats()
+
+    def _open(self, start: Resume) -> BinLogStreamReader:
+        kwargs: dict[str, Any] = {}
+        if self._mariadb and start.gtid:
+            kwargs.update(is_mariadb=True, auto_position=start.gtid)
+        else:
+            # File/offset resume; on MariaDB this needs is_mariadb=False (see PITFALLS).
+            kwargs.update(log_file=start.file, log_pos=start.offset, resume_stream=True)
+        return BinLogStreamReader(
+            connection_settings=self._dsn.pymysql_settings(), server_id=self._server_id, blocking=True,
+            only_events=_EVENTS, filter_non_implemented_events=False, slave_heartbeat=self._heartbeat_s,
+            enable_logging=False, **kwargs,
+        )
+
+    def run(self) -> None:
+        """Thread body: read until cancelled or an error; the error goes to the consumer."""
+        start = self._asm.boundary
+        error: BaseException | None = None
+        try:
+            self._stream = self._open(start)
+            while not self._bridge.cancelled:
+                event = self._stream.fetchone()
+                if event is None:
+                    raise SourceUnavailable("the source closed the binlog stream")
+                out = self._handle(event, self._stream.log_file)
+                if out:
+                    self._bridge.put_many(out)
+        except BridgeClosed:
+            pass
+        except BinlakeError as exc:
+            error = exc
+        except (pymysql.err.MySQLError, OSError) as exc:
+            error = map_mysql_error(exc, f"{start.file}:{start.offset} gtid={start.gtid}")
+        except Exception as exc:  # the library raises plain exceptions on malformed events
+            error = DecodeError(f"cannot read binlog event: {exc!r}")
+            error.__cause__ = exc
+        finally:
+            self.close()
+            self._bridge.finish(error)
+
+    def close(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:  # closing a broken connection may fail again; nothing to keep
+                pass
+
+    def _handle(self, event: Any, file: str) -> list[Outgoing]:
+        self.events += 1
+        pkt = event.packet
+        end = pkt.log_pos
+        start = end - pkt.event_size
+        ts = event.timestamp * 1000
+        asm = self._asm
+        op = _ROW_OPS.get(type(event))
+        if op is not None:
+            return self._rows(event, op, file, start, ts)
+        if isinstance(event, rev.TableMapEvent):
+            self._table_map(event)
+            return []
+        if isinstance(event, ev.XidEvent):
+            return asm.commit(file, end)
+        if isinstance(event, ev.QueryEvent):
+            db = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
+            return asm.query(event.query, db, file, start, end, ts)
+        if isinstance(event, ev.MariadbGtidEvent):
+            return asm.gtid(event.gtid, event.domain_id, bool(event.flags & 1), file, start)
+        if isinstance(event, ev.GtidEvent):
+            return asm.gtid(event.gtid, None, False, file, start)
+        if isinstance(event, ev.HeartbeatLogEvent):
+            return asm.heartbeat(int(time.time() * 1000))
+        if isinstance(event, ev.RotateEvent):
+            asm.between(event.next_binlog, event.position)
+            return []
+        if isinstance(event, ev.NotImplementedEvent):
+            return self._other(event, file, start, end)
+        if isinstance(event, rev.PartialUpdateRowsEvent):
+            raise SourceMisconfigured(
+                "partial JSON updates in the binlog; set binlog_row_value_options='' on the source"
+            )
+        if isinstance(event, ev.XAPrepareEvent):
+            raise DecodeError(f"XA transaction at {file}:{start}: binlake does not support XA transactions yet")
+        if isinstance(event, (ev.BeginLoadQueryEvent, ev.ExecuteLoadQueryEvent)):
+            raise SourceMisconfigured(f"statement-based LOAD DATA at {file}:{start}; set binlog_format=ROW")
+        if end:
+            asm.between(file, end)
+        return []
+
+    def _other(self, event: Any, file: str, start: int, end: int) -> list[Outgoing]:
+        etype = event.event_type
+        if etype == ANONYMOUS_GTID:
+            return self._asm.anonymous_start(file, start)
+        if etype == HEARTBEAT_V2:
+            return self._asm.heartbeat(int(time.time() * 1000))
+        if etype == TRANSACTION_PAYLOAD:
+            raise SourceMisconfigured(
+                f"compressed transaction at {file}:{start}; set binlog_transaction_compression=OFF on the source"
+            )
+        if etype in _MARIADB_COMPRESSED:
+            raise SourceMisconfigured(f"compressed binlog event at {file}:{start}; set log_bin_compress=OFF")
+        if etype in _IGNORABLE:
+            return []
+        raise DecodeError(f"unknown binlog event type {etype:#x} at {file}:{start}; binlake cannot read it safely")
+
+    def _table_map(self, event: Any) -> None:
+        # The TableMap body after its table id is identical while the table's schema is, so
+        # compiled decoders are cached by those bytes.
+        key = bytes(event.packet.packet._data[26:])
+        schema = self._schemas.get(key)
+        if schema is None:
+            schema = schema_from_table_map(event, self.stats)
+            if len(self._schemas) > 10_000:
+                self._schemas.clear()
+            self._schemas[key] = schema
+        self._tables[event.table_id] = schema
+
+    def _rows(self, event: Any, op: str, file: str, start: int, ts: int) -> list[Outgoing]:
+        table = self._tables.get(event.table_id)
+        if table is None:
+            raise DecodeError(f"rows event at {file}:{start} refers to table id {event.table_id} without a TableMap")
+        if event.number_of_columns != len(table.columns):
+            raise DecodeError(f"rows event at {file}:{start} has {event.number_of_columns} columns, "
+                              f"its TableMap {len(table.columns)}")
+        bitmaps = [event.columns_present_bitmap]
+        if op == "u":
+            bitmaps.append(event.columns_present_bitmap2)
+        check_full_image(table, *bitmaps)
+        pkt = event.packet
+        body = pkt.read(event.event_size - pkt.read_bytes)
+        return self._asm.rows(op, table, decode_rows(table, op, body), file, start, ts)

@@ -1,0 +1,126 @@
+"""Pre-flight: refuse, with one line naming the fix, a source binlake cannot read exactly.
+
+Runs through asyncmy before the binlog connection opens, so a misconfigured server stops
+the parser before anything is published.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import asyncmy
+import asyncmy.errors
+
+from services.parser.binlog import SourceDsn, map_mysql_error
+from services.parser.transactions import Resume
+from shared.errors import MissingPrivilege, SourceMisconfigured
+
+_VARIABLES = (
+    "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "log_bin_compress",
+    "binlog_transaction_compression", "binlog_row_value_options", "gtid_mode", "server_id", "version",
+    "gtid_binlog_pos",
+)
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    mariadb: bool
+    version: str
+    current: Resume
+    earliest: Resume
+    binlogs: tuple[str, ...]
+
+
+def check_settings(v: Mapping[str, str]) -> None:
+    """Raise SourceMisconfigured for the first setting that would lose or garble changes."""
+    def is_on(name: str) -> bool:
+        return v.get(name, "").upper() in ("ON", "1")
+
+    if not is_on("log_bin"):
+        raise SourceMisconfigured("the binary log is off; start the server with log_bin (e.g. --log-bin=mysql-bin "
+                                  "--server-id=1)")
+    fmt = v.get("binlog_format", "").upper()
+    if fmt != "ROW":
+        raise SourceMisconfigured(f"binlog_format is {fmt}; set binlog_format=ROW")
+    image = v.get("binlog_row_image", "").upper()
+    if image != "FULL":
+        raise SourceMisconfigured(f"binlog_row_image is {image}; set binlog_row_image=FULL")
+    meta = v.get("binlog_row_metadata")
+    if meta is None:
+        raise SourceMisconfigured("the server has no binlog_row_metadata; binlake needs MariaDB >= 10.5 or "
+                                  "MySQL >= 8.0.14 with binlog_row_metadata=FULL")
+    if meta.upper() != "FULL":
+        raise SourceMisconfigured(f"binlog_row_metadata is {meta.upper()}; set binlog_row_metadata=FULL")
+    if is_on("log_bin_compress"):
+        raise SourceMisconfigured("log_bin_compress is ON; set log_bin_compress=OFF (compressed events cannot be read)")
+    if is_on("binlog_transaction_compression"):
+        raise SourceMisconfigured("binlog_transaction_compression is ON; set binlog_transaction_compression=OFF")
+    if "PARTIAL_JSON" in v.get("binlog_row_value_options", "").upper():
+        raise SourceMisconfigured("binlog_row_value_options is PARTIAL_JSON; set binlog_row_value_options=''")
+
+
+_GRANT_ON_ALL = re.compile(r"^GRANT\s+(.*?)\s+ON\s+\*\.\*\s+TO\s", re.I | re.S)
+
+
+def check_grants(grants: list[str]) -> None:
+    """Raise MissingPrivilege unless the grants include replication and binlog monitoring."""
+    privileges: set[str] = set()
+    for line in grants:
+        m = _GRANT_ON_ALL.match(line)
+        if m:
+            privileges |= {p.strip().upper() for p in m.group(1).split(",")}
+    if "ALL PRIVILEGES" in privileges:
+        return
+    if any(not _GRANT_ON_ALL.match(g) and re.match(r"^GRANT\s+`", g) for g in grants):
+        return  # privileges through roles: the binlog connection itself will tell
+    missing = []
+    if not privileges & {"REPLICATION SLAVE", "REPLICATION REPLICA"}:
+        missing.append("REPLICATION SLAVE")
+    if not privileges & {"REPLICATION CLIENT", "BINLOG MONITOR", "SUPER"}:
+        missing.append("REPLICATION CLIENT")
+    if missing:
+        raise MissingPrivilege(
+            f"the source user lacks {' and '.join(missing)}; run GRANT {', '.join(missing)} ON *.* TO <user>"
+        )
+
+
+async def _rows(cur: Any, sql: str) -> list[tuple[Any, ...]]:
+    await cur.execute(sql)
+    return list(await cur.fetchall())
+
+
+async def inspect_source(dsn: SourceDsn) -> SourceInfo:
+    """Connect, check settings and privileges, and read the current and earliest positions."""
+    where = f"{dsn.host}:{dsn.port}"
+    try:
+        conn = await asyncmy.connect(host=dsn.host, port=dsn.port, user=dsn.user, password=dsn.password,
+                                     connect_timeout=10, autocommit=True)
+    except (asyncmy.errors.MySQLError, OSError) as exc:
+        raise map_mysql_error(exc, where) from exc
+    try:
+        async with conn.cursor() as cur:
+            names = ",".join(f"'{n}'" for n in _VARIABLES)
+            variables = {str(k).lower(): str(val) for k, val in
+                         await _rows(cur, f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})")}
+            check_settings(variables)
+            check_grants([str(r[0]) for r in await _rows(cur, "SHOW GRANTS")])
+            mariadb = "mariadb" in variables.get("version", "").lower()
+            status_sql = "SHOW MASTER STATUS" if mariadb or variables["version"] < "8.4" else "SHOW BINARY LOG STATUS"
+            status = await _rows(cur, status_sql)
+            logs = await _rows(cur, "SHOW BINARY LOGS")
+    except asyncmy.errors.MySQLError as exc:
+        raise map_mysql_error(exc, where) from exc
+    finally:
+        conn.close()
+    if not status or not logs:
+        raise SourceMisconfigured("the server reports no binary log status; enable log_bin and restart it")
+    gtid = variables.get("gtid_binlog_pos", "") if mariadb else None
+    return SourceInfo(
+        mariadb=mariadb, version=variables.get("version", ""),
+        current=Resume(str(status[0][0]), int(status[0][1]), gtid or None),
+        earliest=Resume(str(logs[0][0]), 4, None),
+        binlogs=tuple(str(r[0]) for r in logs),
+    )

@@ -1,0 +1,84 @@
+"""Publish to BINLAKE_RAW pipelined, gap-free and bounded.
+
+Every message carries `Nats-Expected-Last-Msg-Id` = the id of the message before it, so the
+stream can only ever hold a prefix of what the parser produced: if one publish is lost, every
+later one is refused, and the restart resumes right after the stream's last message. Futures
+of nats-py's publish_async can hang (nats.py #985), so every one is bounded by a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+
+from services.parser.transactions import Outgoing
+from shared.errors import PublishFailed
+
+EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
+
+
+class Publisher:
+    def __init__(self, js: JetStreamContext, last_id: str | None, on_acked: Callable[[Outgoing], None],
+                 *, ack_timeout_s: float = 15.0) -> None:
+        self._js = js
+        self._last_id = last_id
+        self._on_acked = on_acked
+        self._timeout = ack_timeout_s
+        self._inflight: deque[tuple[Outgoing, asyncio.Future[PubAck], float]] = deque()
+        self.published = 0
+        self.log = structlog.get_logger().bind(actor="publisher")
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    async def publish(self, batch: list[Outgoing]) -> None:
+        for msg in batch:
+            if self._last_id is not None:
+                msg.headers[EXPECTED_LAST_MSG_ID] = self._last_id
+            try:
+                fut = await self._js.publish_async(msg.subject, msg.data, headers=msg.headers,
+                                                   wait_stall=self._timeout)
+            except (nats.js.errors.TooManyStalledMsgsError, nats.errors.Error, OSError) as exc:
+                raise PublishFailed(f"publish of {msg.msg_id} failed: {exc!r}") from exc
+            self._last_id = msg.msg_id
+            self._inflight.append((msg, fut, time.monotonic()))
+        self._reap()
+
+    def _reap(self) -> None:
+        acked: Outgoing | None = None
+        while self._inflight and self._inflight[0][1].done():
+            msg, fut, _ = self._inflight.popleft()
+            exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+            if exc is not None:
+                raise PublishFailed(f"JetStream refused {msg.msg_id} on {msg.subject}: {exc!r}") from exc
+            self.published += 1
+            acked = msg
+        if acked is not None:
+            self._on_acked(acked)
+        if self._inflight and time.monotonic() - self._inflight[0][2] > self._timeout:
+            msg = self._inflight[0][0]
+            raise PublishFailed(f"no ack for {msg.msg_id} within {self._timeout}s")
+
+    async def flush(self) -> None:
+        """Wait until everything in flight is acknowledged (or fail)."""
+        while self._inflight:
+            _, fut, started = self._inflight[0]
+            remaining = self._timeout - (time.monotonic() - started)
+            if remaining > 0:
+                await asyncio.wait([fut], timeout=remaining)
+            self._reap()
+
+    def abandon(self) -> None:
+        """Cancel whatever is still in flight (its outcome is re-learned from the stream tail)."""
+        while self._inflight:
+            _, fut, _ = self._inflight.popleft()
+            fut.cancel()

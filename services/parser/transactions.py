@@ -1,0 +1,288 @@
+"""Pure: assemble binlog events into transactions and envelopes ready to publish.
+
+The binlog thread feeds events in order; `Assembler` keeps the open transaction, holds back
+the newest message until it knows whether it is the transaction's last (so `txn.last` and
+`resume` are exact), splits messages larger than max_payload into chunks, and drops the
+batches a restart replays that the stream already holds (Debezium's
+`eventsToSkipUponRestart`, keyed by transaction id and batch index).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.parser import ddl
+from services.parser.columns import TableSchema
+from shared import envelope
+from shared.errors import DecodeError, OversizeEvent, SourceMisconfigured
+from shared.subjects import DDL_TABLE, HEARTBEAT_TABLE, Names
+
+HEADER_ALLOWANCE = 1024  # room left in max_payload for headers
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a reader restarts: binlog file/offset and, on MariaDB, the GTID state."""
+
+    file: str
+    offset: int
+    gtid: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "offset": self.offset, "gtid": self.gtid}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Resume:
+        return cls(file=d["file"], offset=int(d["offset"]), gtid=d.get("gtid"))
+
+
+@dataclass(frozen=True)
+class SkipMark:
+    """Batches `0..i` of transaction `txn_id` are already in the stream."""
+
+    txn_id: str
+    i: int
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One message for BINLAKE_RAW plus what the position reporter needs after its ack."""
+
+    subject: str
+    data: bytes
+    msg_id: str
+    headers: dict[str, str]
+    op: str
+    ts: int
+    rows: int
+    resume: Resume
+    last: bool
+
+
+@dataclass
+class _Txn:
+    id: str
+    start: Resume
+    gtid: str | None
+    domain: int | None
+    ddl_ends: bool
+    i: int = 0
+    pending: tuple[dict[str, Any], bytes | None] | None = None
+
+
+def gtid_state_str(state: dict[int, str]) -> str:
+    return ",".join(state[d] for d in sorted(state))
+
+
+def parse_gtid_state(text: str | None) -> dict[int, str]:
+    state: dict[int, str] = {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if part:
+            state[int(part.split("-", 1)[0])] = part
+    return state
+
+
+@dataclass
+class Assembler:
+    source: str
+    names: Names
+    start: Resume
+    max_payload: int = 1024 * 1024
+    skip: SkipMark | None = None
+    mariadb: bool = True
+    _txn: _Txn | None = field(default=None, init=False)
+    _gtids: dict[int, str] = field(default_factory=dict, init=False)
+    _boundary: Resume = field(init=False)
+    _ready: list[Outgoing] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self._gtids = parse_gtid_state(self.start.gtid)
+        self._boundary = self.start
+
+    @property
+    def boundary(self) -> Resume:
+        """The position after the last complete transaction."""
+        return self._boundary
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._txn is not None
+
+    # -- events -------------------------------------------------------------------------
+
+    def gtid(self, gtid: str, domain: int | None, standalone: bool, file: str, start: int) -> list[Outgoing]:
+        out = self._close_dangling(file, start)
+        self._txn = _Txn(id=gtid, start=Resume(file, start, self._state_str()), gtid=gtid, domain=domain,
+                         ddl_ends=standalone or not self.mariadb)
+        return out
+
+    def anonymous_start(self, file: str, start: int) -> list[Outgoing]:
+        """MySQL ANONYMOUS_GTID: a transaction starts here, without a GTID."""
+        out = self._close_dangling(file, start)
+        self._txn = _Txn(id=f"{file}:{start}", start=Resume(file, start, None), gtid=None, domain=None,
+                         ddl_ends=True)
+        return out
+
+    def query(self, sql: str, db: str, file: str, start: int, end: int, ts: int) -> list[Outgoing]:
+        stmt = ddl.parse(sql, db)
+        if stmt.kind == "txn":
+            word = ddl.strip_comments(sql).split(None, 1)[0].upper()
+            if word == "BEGIN":
+                if self._txn is None:
+                    self._txn = _Txn(id=f"{file}:{start}", start=Resume(file, start, self._state_str()),
+                                     gtid=None, domain=None, ddl_ends=False)
+                else:
+                    self._txn.ddl_ends = False
+                return []
+            if word in ("COMMIT", "ROLLBACK"):
+                return self.commit(file, end)
+            return []
+        if stmt.kind == "dml":
+            raise SourceMisconfigured(
+                f"statement-based DML in the binlog at {file}:{start} ({sql[:80]!r}); "
+                "set binlog_format=ROW on the source (globally, and in sessions that override it)"
+            )
+        standalone = self._txn is None
+        if standalone:
+            self._txn = _Txn(id=f"{file}:{start}", start=Resume(file, start, self._state_str()), gtid=None,
+                             domain=None, ddl_ends=True)
+        scn = envelope.scn(file, start)
+        targets = list(dict.fromkeys(stmt.tables)) or [(db, "")]
+        for idx, (tdb, table) in enumerate(targets):
+            env = self._env("ddl", tdb, table or None, file, start, scn, ts, idx)
+            env["ddl"] = sql
+            self._push(env, None)
+        assert self._txn is not None
+        return self.commit(file, end) if self._txn.ddl_ends else self._drain_before_last()
+
+    def rows(self, op: str, table: TableSchema, rows: list[dict[str, Any]], file: str, start: int,
+             ts: int) -> list[Outgoing]:
+        if self._txn is None:
+            raise DecodeError(f"rows event for {table.db}.{table.table} at {file}:{start} outside a transaction")
+        env = self._env(op, table.db, table.table, file, start, envelope.scn(file, start), ts, 0)
+        env["pk"] = list(table.pk)
+        env["rows"] = rows
+        self._push(env, table.packed)
+        return self._drain_before_last()
+
+    def commit(self, file: str, end: int) -> list[Outgoing]:
+        txn = self._txn
+        if txn is None:
+            return []
+        self._txn = None
+        if txn.domain is not None and txn.gtid:
+            self._gtids[txn.domain] = txn.gtid
+        self._boundary = Resume(file, end, self._state_str())
+        out: list[Outgoing] = []
+        if txn.pending is not None:
+            env, packed = txn.pending
+            txn.pending = None
+            out = self._release(txn, env, packed, last=True, resume=self._boundary)
+        if self.skip is not None and self.skip.txn_id == txn.id:
+            self.skip = None
+        return out
+
+    def between(self, file: str, end: int) -> None:
+        """An event outside any transaction (rotate, GTID list, checkpoint) moved the position."""
+        if self._txn is None:
+            self._boundary = Resume(file, end, self._state_str())
+
+    def heartbeat(self, ts: int) -> list[Outgoing]:
+        """A heartbeat at the current boundary, only between transactions."""
+        if self._txn is not None:
+            return []
+        b = self._boundary
+        scn = envelope.scn(b.file, b.offset)
+        env = {"v": envelope.VERSION, "source": self.source, "db": None, "table": None, "op": "hb",
+               "ts": ts, "pos": {"file": b.file, "offset": b.offset, "gtid": b.gtid}, "scn": scn,
+               "chunk": 0, "txn": {"id": None, "i": 0, "last": True}, "resume": b.to_dict()}
+        data = envelope.encode(env)
+        mid = f"{self.source}:{scn}:hb{ts}"
+        subject = self.names.raw_internal(self.source, HEARTBEAT_TABLE)
+        return [Outgoing(subject, data, mid, envelope.headers(env, mid), "hb", ts, 0, b, True)]
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _state_str(self) -> str | None:
+        return gtid_state_str(self._gtids) if self.mariadb else None
+
+    def _close_dangling(self, file: str, start: int) -> list[Outgoing]:
+        # A transaction without its commit event (e.g. a non-transactional statement logged
+        # without COMMIT) ends where the next one starts.
+        return self.commit(file, start) if self._txn is not None else []
+
+    def _env(self, op: str, db: str, table: str | None, file: str, start: int, scn: int, ts: int,
+             chunk: int) -> dict[str, Any]:
+        txn = self._txn
+        assert txn is not None
+        return {"v": envelope.VERSION, "source": self.source, "db": db, "table": table, "op": op, "ts": ts,
+                "pos": {"file": file, "offset": start, "gtid": txn.gtid}, "scn": scn, "chunk": chunk,
+                "txn": {"id": txn.id, "i": 0, "last": False}}
+
+    def _push(self, env: dict[str, Any], packed: bytes | None) -> None:
+        txn = self._txn
+        assert txn is not None
+        if txn.pending is not None:
+            self._ready.extend(self._release(txn, *txn.pending, last=False, resume=txn.start))
+        txn.pending = (env, packed)
+
+    def _drain_before_last(self) -> list[Outgoing]:
+        out, self._ready = self._ready, []
+        return out
+
+    def _release(self, txn: _Txn, env: dict[str, Any], packed: bytes | None, *, last: bool,
+                 resume: Resume) -> list[Outgoing]:
+        out = self._ready
+        self._ready = []
+        parts = [env]
+        limit = self.max_payload - HEADER_ALLOWANCE
+        while True:
+            encoded = []
+            for n, part in enumerate(parts):
+                is_last = last and n == len(parts) - 1
+                part["chunk"] = env["chunk"] + n
+                part["txn"] = {"id": txn.id, "i": txn.i + n, "last": is_last}
+                part["resume"] = (resume if is_last else txn.start).to_dict()
+                encoded.append(envelope.encode(part, packed))
+            too_big = [n for n, data in enumerate(encoded) if len(data) > limit]
+            if not too_big:
+                break
+            parts = self._halve(parts, too_big, len(encoded[too_big[0]]))
+        for n, (part, data) in enumerate(zip(parts, encoded, strict=True)):
+            i = txn.i + n
+            is_last = last and n == len(parts) - 1
+            if self.skip is not None and self.skip.txn_id == txn.id and i <= self.skip.i:
+                continue
+            out.append(self._outgoing(part, data, resume if is_last else txn.start, is_last))
+        txn.i += len(parts)
+        return out
+
+    def _halve(self, parts: list[dict[str, Any]], too_big: list[int], size: int) -> list[dict[str, Any]]:
+        """Split each oversize part's rows in two; a single row that does not fit is an error."""
+        out: list[dict[str, Any]] = []
+        for n, part in enumerate(parts):
+            rows = part.get("rows") or []
+            if n not in too_big:
+                out.append(part)
+                continue
+            if len(rows) <= 1:
+                raise OversizeEvent(
+                    f"one row of {part['db']}.{part['table']} at {part['pos']['file']}:{part['pos']['offset']} "
+                    f"encodes to {size} bytes, more than NATS max_payload {self.max_payload} allows; "
+                    "raise max_payload in the nats-server configuration"
+                )
+            half = len(rows) // 2
+            out += [{**part, "rows": rows[:half]}, {**part, "rows": rows[half:]}]
+        return out
+
+    def _outgoing(self, env: dict[str, Any], data: bytes, resume: Resume, last: bool) -> Outgoing:
+        mid = envelope.msg_id(self.source, env["scn"], env["chunk"])
+        table = env["table"]
+        if env["op"] == "ddl" and not table:
+            subject = self.names.raw_internal(self.source, DDL_TABLE)
+        else:
+            subject = self.names.raw(self.source, env["db"], table)
+        rows = len(env.get("rows") or ())
+        return Outgoing(subject, data, mid, envelope.headers(env, mid), env["op"], env["ts"], rows, resume, last)

@@ -1,0 +1,95 @@
+"""Typed settings from environment variables and an optional TOML file.
+
+Each service declares a frozen dataclass. `load(Cls, section)` fills every field from, in
+order of precedence: `BINLAKE_<FIELD>` in the environment, `[section]` then the top level of
+the TOML file named by `BINLAKE_CONFIG`, then the field default. A field without default that
+is missing, or a value of the wrong type, fails at start-up with a ConfigError naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from shared.errors import ConfigError
+
+C = TypeVar("C")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _convert(name: str, raw: Any, kind: Any) -> Any:
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        if raw is None or raw == "":
+            return None
+        return _convert(name, raw, args[0])
+    try:
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError(raw)
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        if kind is str:
+            return str(raw)
+        if origin in (tuple, list):
+            items = raw if isinstance(raw, (list, tuple)) else [p.strip() for p in str(raw).split(",") if p.strip()]
+            (inner, *_) = typing.get_args(kind) or (str,)
+            return tuple(_convert(name, i, inner) for i in items)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be {getattr(kind, '__name__', kind)}, got {raw!r}") from None
+    return raw
+
+
+def read_toml(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {path} does not exist (BINLAKE_CONFIG)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
+
+
+def load(cls: type[C], section: str, env: Mapping[str, str] | None = None) -> C:
+    """Build `cls` from the environment and the TOML file (see module docstring)."""
+    env = os.environ if env is None else env
+    doc = read_toml(env.get("BINLAKE_CONFIG"))
+    scoped = doc.get(section, {}) if isinstance(doc.get(section), dict) else {}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if not f.init:
+            continue
+        env_key = f"BINLAKE_{f.name.upper()}"
+        if env_key in env:
+            raw: Any = env[env_key]
+        elif f.name in scoped:
+            raw = scoped[f.name]
+        elif f.name in doc and not isinstance(doc[f.name], dict):
+            raw = doc[f.name]
+        else:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{env_key} is not set (or `{f.name}` in [{section}] of BINLAKE_CONFIG)")
+            continue
+        values[f.name] = _convert(env_key, raw, hints[f.name])
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid {section} configuration: {exc}") from None

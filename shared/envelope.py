@@ -1,0 +1,95 @@
+"""The change envelope (DESIGN §4): one msgpack map per table per binlog rows event.
+
+Keys: `v`, `source`, `db`, `table`, `op` (`i`/`u`/`d`/`r`/`ddl`/`hb`), `ts` (commit time,
+ms), `pos` (`file`, `offset`, `gtid`), `scn`, `chunk`, `txn` (`id`, `i`, `last`), `pk`,
+`rows`, `schema`, plus `ddl` (statement text) on DDL and `resume` on every message.
+
+`resume` is where a reader restarts so that nothing after this message is lost: for the
+last message of a transaction the position after its commit, otherwise the start of its
+transaction (the reader then skips the batches of that transaction it already published).
+It is a map with `file`, `offset` and `gtid` (the GTID state to connect with, or None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgpack
+
+VERSION: Final = 1
+OPS: Final = frozenset({"i", "u", "d", "r", "ddl", "hb"})
+REQUIRED: Final = ("v", "source", "op", "ts", "pos", "scn", "txn")
+
+_SCHEMA_KEY = msgpack.packb("schema")
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+class EnvelopeError(ValueError):
+    """A message is not a binlake envelope this version can read."""
+
+
+def scn(file: str, offset: int) -> int:
+    """64-bit order key: binlog file number << 32 | offset (as in Databus)."""
+    return (binlog_number(file) << 32) | offset
+
+
+def binlog_number(file: str) -> int:
+    """`mysql-bin.000042` -> 42."""
+    _, _, ext = file.rpartition(".")
+    if not ext.isdigit():
+        raise EnvelopeError(f"binlog file name without a number: {file!r}")
+    return int(ext)
+
+
+def pack_schema(schema: Mapping[str, Any]) -> bytes:
+    """Pack a schema once per table map so every message can reuse the bytes."""
+    return _packb(schema)
+
+
+def encode(fields: Mapping[str, Any], packed_schema: bytes | None = None) -> bytes:
+    """Encode an envelope; `packed_schema` (from `pack_schema`) is spliced in as `schema`."""
+    data = _packb(fields)
+    if packed_schema is None:
+        return data
+    n = len(fields)
+    if n >= 15 or data[0] != 0x80 | n:
+        return _packb({**fields, "schema": msgpack.unpackb(packed_schema)})
+    # A fixmap header holds the entry count, so appending one entry is a header bump.
+    return bytes((0x80 | (n + 1),)) + data[1:] + _SCHEMA_KEY + packed_schema
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    """Decode and check an envelope; raises EnvelopeError with the reason."""
+    try:
+        env = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise EnvelopeError(f"not msgpack: {exc}") from exc
+    if not isinstance(env, dict):
+        raise EnvelopeError(f"envelope is a {type(env).__name__}, expected a map")
+    missing = [k for k in REQUIRED if k not in env]
+    if missing:
+        raise EnvelopeError(f"envelope lacks {', '.join(missing)}")
+    if env["v"] != VERSION:
+        raise EnvelopeError(f"envelope version {env['v']!r} is not supported (this binlake reads {VERSION})")
+    if env["op"] not in OPS:
+        raise EnvelopeError(f"unknown op {env['op']!r}")
+    return env
+
+
+def msg_id(source: str, scn_value: int, chunk: int = 0) -> str:
+    """`<source>:<scn>[:<chunk>]`, stable across replays of the same binlog event."""
+    return f"{source}:{scn_value}" if chunk == 0 else f"{source}:{scn_value}:{chunk}"
+
+
+def headers(env: Mapping[str, Any], mid: str) -> dict[str, str]:
+    """Headers readable in `nats stream view` without decoding the body."""
+    pos = env["pos"]
+    table = f"{env['db']}.{env['table']}" if env.get("table") is not None else ""
+    return {
+        "Nats-Msg-Id": mid,
+        "Binlake-Op": env["op"],
+        "Binlake-Table": table,
+        "Binlake-Pos": f"{pos['file']}:{pos['offset']}" + (f" {pos['gtid']}" if pos.get("gtid") else ""),
+        "Binlake-Rows": str(len(env.get("rows") or ())),
+    }

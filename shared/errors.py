@@ -1,0 +1,86 @@
+"""Every error binlake raises on purpose.
+
+```
+BinlakeError                      retriable = False
+├── TransientError                retriable = True   (NATS timeout, MySQL gone away)
+│   ├── SourceUnavailable         MySQL/MariaDB cannot be reached (yet)
+│   ├── NatsUnavailable           NATS cannot be reached or timed out
+│   └── PublishFailed             JetStream refused or lost a publish; resume from the stream tail
+└── FatalError                    needs a person: the message says what to change
+    ├── ConfigError               bad or missing configuration
+    ├── SourceMisconfigured       server settings binlake cannot work with
+    ├── MissingPrivilege          the replication user lacks a privilege
+    ├── AccessDenied              wrong credentials
+    ├── BinlogPurged              the saved position is no longer in the server's binlogs
+    ├── DecodeError               a binlog event that cannot be decoded exactly
+    ├── OversizeEvent             one row does not fit into a message
+    ├── StreamMismatch            a JetStream stream exists with an incompatible definition
+    └── LeaseLost                 another instance owns the lease now
+```
+"""
+
+from __future__ import annotations
+
+
+class BinlakeError(Exception):
+    """Base class; `retriable` says whether a supervisor may restart the actor."""
+
+    retriable = False
+
+
+class TransientError(BinlakeError):
+    """A condition that goes away by itself; restart with backoff."""
+
+    retriable = True
+
+
+class SourceUnavailable(TransientError):
+    """MySQL/MariaDB cannot be reached (yet)."""
+
+
+class NatsUnavailable(TransientError):
+    """NATS cannot be reached or a request timed out."""
+
+
+class PublishFailed(TransientError):
+    """JetStream refused or lost a publish; the parser resumes from the stream tail."""
+
+
+class FatalError(BinlakeError):
+    """Needs a person: the message says what to change."""
+
+
+class ConfigError(FatalError):
+    """Bad or missing configuration."""
+
+
+class SourceMisconfigured(FatalError):
+    """A server setting binlake cannot work with."""
+
+
+class MissingPrivilege(FatalError):
+    """The replication user lacks a privilege."""
+
+
+class AccessDenied(FatalError):
+    """Wrong user name or password for the source."""
+
+
+class BinlogPurged(FatalError):
+    """The saved position is no longer in the server's binlogs."""
+
+
+class DecodeError(FatalError):
+    """A binlog event that cannot be decoded exactly."""
+
+
+class OversizeEvent(FatalError):
+    """A single row is larger than the NATS max_payload."""
+
+
+class StreamMismatch(FatalError):
+    """A JetStream stream exists with a definition binlake cannot use."""
+
+
+class LeaseLost(FatalError):
+    """Another instance owns the lease now."""

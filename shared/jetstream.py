@@ -1,0 +1,119 @@
+"""NATS connection and JetStream definitions shared by every service."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    RawStreamMsg,
+    StorageType,
+    StreamConfig,
+    StreamInfo,
+    SubjectTransform,
+)
+from nats.js.kv import KeyValue
+
+from shared.errors import NatsUnavailable, StreamMismatch
+from shared.logging import redact
+from shared.subjects import Names
+
+log = structlog.get_logger()
+
+
+async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> NATS:
+    """Connect with reconnect-forever settings; an unreachable server raises NatsUnavailable."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats.error", error=repr(exc))
+
+    async def on_disconnected() -> None:
+        log.warning("nats.disconnected", url=redact(url))
+
+    async def on_reconnected() -> None:
+        log.info("nats.reconnected", url=redact(url))
+
+    try:
+        return await nats.connect(
+            url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5, ping_interval=10, max_outstanding_pings=3,
+            allow_reconnect=True, error_cb=on_error, disconnected_cb=on_disconnected,
+            reconnected_cb=on_reconnected,
+        )
+    except (OSError, nats.errors.Error, TimeoutError) as exc:
+        raise NatsUnavailable(f"cannot reach NATS at {redact(url)} ({exc!r}); start nats-server -js or fix the URL") \
+            from exc
+
+
+@contextlib.contextmanager
+def nats_errors(what: str) -> Iterator[None]:
+    """Translate timeouts and lost connections into retriable NatsUnavailable."""
+    try:
+        yield
+    except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
+            nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as exc:
+        raise NatsUnavailable(f"{what}: {exc!r}") from exc
+
+
+def raw_stream_config(names: Names, partitions: int, *, duplicate_window_s: float = 300.0,
+                      max_age_s: float = 7 * 86400.0, max_bytes: int = -1) -> StreamConfig:
+    src, dest = names.raw_transform(partitions)
+    return StreamConfig(
+        name=names.raw_stream, subjects=[f"{names.prefix}.raw.>"], storage=StorageType.FILE,
+        duplicate_window=duplicate_window_s, max_age=max_age_s, max_bytes=max_bytes,
+        discard=DiscardPolicy.OLD, subject_transform=SubjectTransform(src=src, dest=dest),
+        allow_direct=True, description="binlake: raw binlog changes, partitioned per table",
+    )
+
+
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> StreamInfo:
+    """Create the stream, or check that the existing one is compatible (same subject transform)."""
+    assert config.name is not None
+    with nats_errors(f"stream {config.name}"):
+        try:
+            info = await js.stream_info(config.name)
+        except nats.js.errors.NotFoundError:
+            return await js.add_stream(config)
+    have = info.config.subject_transform
+    want = config.subject_transform
+    if (have.dest if have else None) != (want.dest if want else None):
+        raise StreamMismatch(
+            f"stream {config.name} exists with subject transform {have.dest if have else None!r}, "
+            f"this configuration needs {want.dest if want else None!r}; partitions are fixed at creation, "
+            "set the partition count back or recreate the stream"
+        )
+    return info
+
+
+async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl_s: float | None = None, history: int = 1) -> KeyValue:
+    with nats_errors(f"bucket {bucket}"):
+        try:
+            return await js.key_value(bucket)
+        except nats.js.errors.BucketNotFoundError:
+            return await js.create_key_value(
+                KeyValueConfig(bucket=bucket, ttl=ttl_s, history=history, storage=StorageType.FILE)
+            )
+
+
+async def last_msg(js: JetStreamContext, stream: str, subject: str) -> RawStreamMsg | None:
+    """The newest message of `stream` matching `subject` (wildcards allowed), or None."""
+    with nats_errors(f"last message of {stream}"):
+        try:
+            return await js.get_last_msg(stream, subject)
+        except nats.js.errors.NotFoundError:
+            return None
+
+
+def header(msg: Any, key: str) -> str | None:
+    hdrs = getattr(msg, "headers", None) or {}
+    value = hdrs.get(key)
+    return str(value) if value is not None else None

@@ -1,0 +1,55 @@
+"""Process entry for every service: logging, one clear line for fatal errors, exit codes.
+
+Exit 0 after SIGTERM/SIGINT, 2 for bad configuration, 1 for any other fatal error, so an
+orchestrator restarts what may recover and an operator sees what to fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import structlog
+
+from shared.errors import BinlakeError, ConfigError
+from shared.logging import configure
+
+C = TypeVar("C")
+
+
+def first_binlake_error(exc: BaseException) -> BinlakeError | None:
+    """The first BinlakeError inside (possibly nested) exception groups."""
+    if isinstance(exc, BinlakeError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = first_binlake_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def run_service(service: str, load: Callable[[], C], amain: Callable[[C], Awaitable[None]]) -> None:
+    """Load the config, run `amain(config)` and turn its outcome into an exit code."""
+    configure(service)
+    try:
+        cfg = load()
+    except ConfigError as exc:
+        print(f"binlake {service}: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    level = getattr(cfg, "log_level", "info")
+    configure(service, level=level)
+    log = structlog.get_logger()
+    try:
+        asyncio.run(amain(cfg))  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        pass
+    except BaseException as exc:
+        err = first_binlake_error(exc)
+        if err is None:
+            raise
+        log.error("service.failed", error=type(err).__name__, reason=str(err))
+        print(f"binlake {service}: {type(err).__name__}: {err}", file=sys.stderr)
+        raise SystemExit(2 if isinstance(err, ConfigError) else 1) from None

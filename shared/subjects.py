@@ -1,0 +1,133 @@
+"""Every subject, stream and bucket name binlake uses, derived from one prefix.
+
+Database and table names become subject tokens through `escape_token`: every byte outside
+`[A-Za-z0-9_-]` (so `.`, `*`, `>`, spaces, `$`, `%` and all non-ASCII) is written as `%XX`
+of its UTF-8 encoding, which is reversible by `unescape_token`. A token that starts with `$`
+can therefore never be a table, and `$binlake` marks binlake's own subjects (heartbeats,
+DDL that names no table).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_PARTITIONS = 16
+INTERNAL_TOKEN = "$binlake"
+HEARTBEAT_TABLE = "heartbeat"
+DDL_TABLE = "ddl"
+
+_SAFE = re.compile(r"[A-Za-z0-9_-]*")
+_SAFE_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def escape_token(name: str) -> str:
+    """Make `name` a single subject token, reversibly (`a.b` -> `a%2Eb`)."""
+    if name and _SAFE.fullmatch(name):
+        return name
+    if not name:
+        return "%"  # the empty name; never produced for any other input
+    return "".join(chr(b) if b in _SAFE_BYTES else f"%{b:02X}" for b in name.encode("utf-8"))
+
+
+def unescape_token(token: str) -> str:
+    """Inverse of `escape_token`."""
+    if "%" not in token:
+        return token
+    if token == "%":
+        return ""
+    out = bytearray()
+    i = 0
+    while i < len(token):
+        ch = token[i]
+        if ch == "%":
+            out.append(int(token[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            out.append(ord(ch))
+            i += 1
+    return out.decode("utf-8")
+
+
+def fnv1a32(data: bytes) -> int:
+    """FNV-1a 32-bit, the hash of nats-server's `partition()` subject transform."""
+    h = 0x811C9DC5
+    for b in data:
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def partition(n: int, *tokens: str) -> int:
+    """The partition nats-server assigns: FNV-1a over the concatenated tokens, mod n."""
+    return fnv1a32("".join(tokens).encode("utf-8")) % n
+
+
+@dataclass(frozen=True)
+class Names:
+    """Subjects, streams and buckets for one deployment (`prefix` defaults to `binlake`)."""
+
+    prefix: str = "binlake"
+
+    @property
+    def raw_stream(self) -> str:
+        return f"{self.prefix.upper()}_RAW"
+
+    @property
+    def cdc_stream(self) -> str:
+        return f"{self.prefix.upper()}_CDC"
+
+    @property
+    def cursors_bucket(self) -> str:
+        return f"{self.prefix}_cursors"
+
+    @property
+    def schema_bucket(self) -> str:
+        return f"{self.prefix}_schema"
+
+    @property
+    def members_bucket(self) -> str:
+        return f"{self.prefix}_members"
+
+    @property
+    def leases_bucket(self) -> str:
+        return f"{self.prefix}_leases"
+
+    def raw(self, source: str, db: str, table: str) -> str:
+        """Subject the parser publishes to (before the stream's partition transform)."""
+        return f"{self.prefix}.raw.{escape_token(source)}.{escape_token(db)}.{escape_token(table)}"
+
+    def raw_internal(self, source: str, kind: str) -> str:
+        return f"{self.prefix}.raw.{escape_token(source)}.{INTERNAL_TOKEN}.{kind}"
+
+    def raw_source_filter(self, source: str) -> str:
+        """Every stored raw subject of one source (after the transform)."""
+        return f"{self.prefix}.raw.{escape_token(source)}.>"
+
+    def raw_partition_filter(self, source: str, part: int) -> str:
+        return f"{self.prefix}.raw.{escape_token(source)}.{part}.>"
+
+    def raw_transform(self, partitions: int) -> tuple[str, str]:
+        """(source, destination) of BINLAKE_RAW's subject transform."""
+        return (
+            f"{self.prefix}.raw.*.*.*",
+            f"{self.prefix}.raw.{{{{wildcard(1)}}}}.{{{{partition({partitions},1,2,3)}}}}"
+            f".{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}",
+        )
+
+    def raw_stored(self, source: str, db: str, table: str, partitions: int) -> str:
+        """The subject a raw message is stored under, computed the way the server does."""
+        s, d, t = escape_token(source), escape_token(db), escape_token(table)
+        return f"{self.prefix}.raw.{s}.{partition(partitions, s, d, t)}.{d}.{t}"
+
+    def cdc(self, source: str, db: str, table: str) -> str:
+        return f"{self.prefix}.cdc.{escape_token(source)}.{escape_token(db)}.{escape_token(table)}"
+
+    def dlq(self, source: str) -> str:
+        return f"{self.prefix}.dlq.{escape_token(source)}"
+
+    def parse_raw_stored(self, subject: str) -> tuple[str, int, str, str]:
+        """(source, partition, db, table) of a stored raw subject."""
+        parts = subject.split(".")
+        if len(parts) != 6 or parts[0] != self.prefix or parts[1] != "raw":
+            raise ValueError(f"not a stored raw subject: {subject!r}")
+        return unescape_token(parts[2]), int(parts[3]), unescape_token(parts[4]), unescape_token(parts[5])
