@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from typing import Any
@@ -30,8 +31,12 @@ from shared.subjects import Names
 log = structlog.get_logger()
 
 
-async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> NATS:
-    """Connect with reconnect-forever settings; an unreachable server raises NatsUnavailable."""
+async def connect(url: str, name: str, *, connect_timeout: float = 5.0, first_connect_s: float = 10.0) -> NATS:
+    """Connect with reconnect-forever settings.
+
+    The first connection is retried for `first_connect_s` (a compose stack may start NATS
+    later than the service); then an unreachable server raises NatsUnavailable.
+    """
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats.error", error=repr(exc))
@@ -43,12 +48,12 @@ async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> NATS:
         log.info("nats.reconnected", url=redact(url))
 
     try:
-        return await nats.connect(
+        return await asyncio.wait_for(nats.connect(
             url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
             reconnect_time_wait=0.5, ping_interval=10, max_outstanding_pings=3,
             allow_reconnect=True, error_cb=on_error, disconnected_cb=on_disconnected,
             reconnected_cb=on_reconnected,
-        )
+        ), first_connect_s)
     except (OSError, nats.errors.Error, TimeoutError) as exc:
         raise NatsUnavailable(f"cannot reach NATS at {redact(url)} ({exc!r}); start nats-server -js or fix the URL") \
             from exc

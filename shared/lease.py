@@ -42,6 +42,8 @@ class Lease:
                 self.log.info("lease.acquired", owner=self.owner)
                 return
             except nats.js.errors.KeyWrongLastSequenceError:
+                if await self._reclaim():
+                    return
                 if not waiting:
                     holder = await self._holder()
                     self.log.info("lease.standby", holder=holder, owner=self.owner)
@@ -49,6 +51,22 @@ class Lease:
             except (nats.errors.TimeoutError, nats.js.errors.APIError, TimeoutError) as exc:
                 self.log.warning("lease.retry", error=repr(exc))
             await asyncio.sleep(min(1.0, self._ttl / 4))
+
+    async def _reclaim(self) -> bool:
+        """Take the lease back at once when it is held under our own name (we were restarted)."""
+        try:
+            entry = await self._kv.get(self.key)
+        except nats.js.errors.KeyNotFoundError:
+            return False
+        if entry.value != self.owner.encode() or entry.revision is None:
+            return False
+        try:
+            self._revision = await self._kv.update(self.key, self.owner.encode(), last=entry.revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        self._renewed = time.monotonic()
+        self.log.info("lease.reclaimed", owner=self.owner)
+        return True
 
     async def _holder(self) -> str | None:
         try:

@@ -25,7 +25,7 @@ from services.parser.transactions import Assembler, Outgoing
 from shared import jetstream
 from shared.actor import Latest, run_all, supervise_call
 from shared.bridge import ThreadBridge
-from shared.errors import LeaseLost, SourceUnavailable
+from shared.errors import BinlogPurged, LeaseLost, SourceUnavailable
 from shared.lease import Lease
 from shared.metrics import Registry, serve
 from shared.subjects import Names
@@ -57,6 +57,10 @@ class Pipeline:
         await jetstream.ensure_stream(self.js, jetstream.raw_stream_config(self.names, cfg.partitions))
         tail = await read_tail(self.js, self.names, cfg.source)
         start = tail.resume if tail else (info.current if cfg.start == "current" else info.earliest)
+        if not (info.mariadb and start.gtid) and start.file not in info.binlogs:
+            raise BinlogPurged(f"binlog {start.file} (position {start.file}:{start.offset}) is no longer on the "
+                               f"source (oldest is {info.binlogs[0]}); the changes in between are lost to binlake: "
+                               "take a new snapshot and reset the parser")
         asm = Assembler(cfg.source, self.names, start, max_payload=self.nc.max_payload,
                         skip=tail.skip if tail else None, mariadb=info.mariadb)
         publisher = Publisher(self.js, tail.last_id if tail else None, self._acked, ack_timeout_s=cfg.ack_timeout_s)

@@ -175,11 +175,11 @@ class Assembler:
         if txn.domain is not None and txn.gtid:
             self._gtids[txn.domain] = txn.gtid
         self._boundary = Resume(file, end, self._state_str())
-        out: list[Outgoing] = []
+        out, self._ready = self._ready, []
         if txn.pending is not None:
             env, packed = txn.pending
             txn.pending = None
-            out = self._release(txn, env, packed, last=True, resume=self._boundary)
+            out += self._release(txn, env, packed, last=True, resume=self._boundary)
         if self.skip is not None and self.skip.txn_id == txn.id:
             self.skip = None
         return out
@@ -234,8 +234,7 @@ class Assembler:
 
     def _release(self, txn: _Txn, env: dict[str, Any], packed: bytes | None, *, last: bool,
                  resume: Resume) -> list[Outgoing]:
-        out = self._ready
-        self._ready = []
+        out: list[Outgoing] = []
         parts = [env]
         limit = self.max_payload - HEADER_ALLOWANCE
         while True:

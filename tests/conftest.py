@@ -1,0 +1,86 @@
+"""Shared fixtures: private MariaDB and NATS JetStream servers (never the system ones)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.servers import MariaDB, NatsServer, mariadb_binaries, nats_server_binary, start_mariadb, start_nats
+
+MariaDBFactory = Callable[..., MariaDB]
+
+
+def _require_mariadb() -> None:
+    try:
+        mariadb_binaries()
+    except FileNotFoundError as exc:
+        pytest.skip(f"MariaDB not available: {exc}")
+
+
+def _require_nats() -> None:
+    try:
+        nats_server_binary()
+    except FileNotFoundError as exc:
+        pytest.skip(f"nats-server not available: {exc}")
+
+
+@pytest.fixture(scope="session")
+def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB]:
+    """One binlog-enabled MariaDB for the whole session (ROW / FULL image / FULL metadata)."""
+    _require_mariadb()
+    server = start_mariadb(tmp_path_factory.mktemp("mariadb"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def database(mariadb: MariaDB) -> Iterator[str]:
+    """A fresh, uniquely named database ``t_<hex>`` on the session server, dropped afterwards."""
+    mariadb.start()  # no-op unless an earlier test stopped/killed the shared server
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    mariadb.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    try:
+        yield name
+    finally:
+        mariadb.start()
+        mariadb.execute(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+@pytest.fixture
+def mariadb_factory(tmp_path: Path) -> Iterator[MariaDBFactory]:
+    """``make(log_bin=True, extra_args=()) -> MariaDB`` for specially configured servers."""
+    _require_mariadb()
+    created: list[MariaDB] = []
+
+    def make(*, log_bin: bool = True, extra_args: Sequence[str] = ()) -> MariaDB:
+        server = start_mariadb(tmp_path / f"mariadb{len(created)}", log_bin=log_bin, extra_args=extra_args)
+        created.append(server)
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in created:
+            server.stop()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A fresh private JetStream nats-server for this test."""
+    _require_nats()
+    server = start_nats(tmp_path / "nats")
+    try:
+        yield server
+    finally:
+        server.stop()  # SIGKILLs if SIGTERM does not finish within the stop timeout
+
+
+@pytest.fixture
+def nats_url(nats_server: NatsServer) -> str:
+    """Client URL of the per-test nats-server."""
+    return nats_server.url

@@ -1,0 +1,36 @@
+"""Fixtures that run the parser as a real process against the private servers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.support import ServiceProcess, parser_env, read_stream_sync, wait_until
+from tests.servers import MariaDB
+
+ParserFactory = Callable[..., ServiceProcess]
+
+
+@pytest.fixture
+def parser_factory(mariadb: MariaDB, nats_url: str, tmp_path: Path) -> Iterator[ParserFactory]:
+    """Start parser processes (`**env` overrides); all are stopped at teardown."""
+    procs: list[ServiceProcess] = []
+
+    def make(wait_ready: bool = True, log_name: str = "parser.log", **env: str) -> ServiceProcess:
+        proc = ServiceProcess("services.parser", parser_env(mariadb, nats_url, **env), tmp_path / log_name).start()
+        procs.append(proc)
+        if wait_ready:
+            wait_until(lambda: read_stream_sync(nats_url) or not proc.running, 30, "the parser's first message")
+            assert proc.running, proc.output
+        return proc
+
+    yield make
+    for p in procs:
+        p.stop()
+
+
+@pytest.fixture
+def parser(parser_factory: ParserFactory) -> ServiceProcess:
+    return parser_factory()

@@ -1,0 +1,161 @@
+"""Helpers for integration tests: run services as real processes, read streams back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import nats
+from nats.js.api import DeliverPolicy
+
+from tests.servers import MariaDB
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parser_env(mariadb: MariaDB, nats_url: str, **overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env.update(
+        BINLAKE_SOURCE_URL=mariadb.dsn(),
+        BINLAKE_NATS_URL=nats_url,
+        BINLAKE_METRICS_PORT="0",
+        BINLAKE_START="current",
+        BINLAKE_LEASE_TTL_S="2",
+        BINLAKE_HEARTBEAT_S="1",
+        BINLAKE_RESTART_BASE_DELAY_S="0.2",
+    )
+    env.update(overrides)
+    return env
+
+
+class ServiceProcess:
+    """A binlake service as a child process, its output captured in a file."""
+
+    def __init__(self, module: str, env: Mapping[str, str], log_path: Path) -> None:
+        self.module = module
+        self.env = dict(env)
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ServiceProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module], env=self.env, cwd=ROOT,
+                                     stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 15) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    @property
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class StoredMsg:
+    seq: int
+    subject: str
+    headers: dict[str, str]
+    env: dict[str, Any]
+
+
+async def read_stream(nats_url: str, stream: str = "BINLAKE_RAW", subject: str = ">") -> list[StoredMsg]:
+    """Every message currently in `stream` matching `subject`, in stream order."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        try:
+            info = await js.stream_info(stream)
+        except nats.js.errors.NotFoundError:
+            return []
+        if info.state.messages == 0:
+            return []
+        last = info.state.last_seq
+        sub = await js.pull_subscribe(subject, stream=stream, config=nats.js.api.ConsumerConfig(
+            deliver_policy=DeliverPolicy.ALL, ack_policy=nats.js.api.AckPolicy.NONE,
+            filter_subject=subject if subject != ">" else None, inactive_threshold=30))
+        out: list[StoredMsg] = []
+        while True:
+            try:
+                batch = await sub.fetch(1000, timeout=1)
+            except nats.errors.TimeoutError:
+                break
+            for m in batch:
+                out.append(StoredMsg(m.metadata.sequence.stream, m.subject, dict(m.headers or {}),
+                                     msgpack.unpackb(m.data, raw=False, strict_map_key=False)))
+            if out and out[-1].seq >= last:
+                break
+        await sub.unsubscribe()
+        return out
+    finally:
+        await nc.close()
+
+
+def read_stream_sync(nats_url: str, stream: str = "BINLAKE_RAW", subject: str = ">") -> list[StoredMsg]:
+    return asyncio.run(read_stream(nats_url, stream, subject))
+
+
+def wait_until(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def row_changes(msgs: list[StoredMsg], db: str) -> list[StoredMsg]:
+    return [m for m in msgs if m.env.get("db") == db and m.env["op"] in ("i", "u", "d")]
+
+
+def count_rows(msgs: list[StoredMsg], db: str) -> int:
+    return sum(len(m.env["rows"]) for m in row_changes(msgs, db))
+
+
+def replay(msgs: list[StoredMsg], db: str, table: str, key: str = "id") -> dict[Any, dict[str, Any]]:
+    """Apply a table's change events in order to an empty dict keyed by primary key."""
+    state: dict[Any, dict[str, Any]] = {}
+    for m in msgs:
+        env = m.env
+        if env.get("db") != db or env.get("table") != table or env["op"] not in ("i", "u", "d"):
+            continue
+        for row in env["rows"]:
+            if "before" in row:
+                state.pop(row["before"][key], None)
+            if "after" in row:
+                state[row["after"][key]] = row["after"]
+    return state
