@@ -42,6 +42,8 @@ def _convert(name: str, raw: Any, kind: Any) -> Any:
                 return False
             raise ValueError(raw)
         if kind is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(raw)
             return int(raw)
         if kind is float:
             return float(raw)

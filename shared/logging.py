@@ -14,14 +14,18 @@ from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
+import structlog.tracebacks
 
 _SECRET_KEYS = re.compile(r"pass(word)?|secret|token|credential|salt|nkey", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]*)@")
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^/\s]*)@")
+_URL_TOKEN = re.compile(r"(?P<scheme>(?:nats|tls|ws|wss)://)(?P<token>[^:/@\s]+)@")
 
 
 def redact(value: str) -> str:
-    """Replace the password in any `scheme://user:password@host` inside `value`."""
-    return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", value)
+    """Hide the password of `scheme://user:password@host` (the host starts after the last `@`,
+    as urlsplit reads it) and the token of `nats://token@host`."""
+    value = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", value)
+    return _URL_TOKEN.sub(lambda m: f"{m['scheme']}***@", value)
 
 
 def redact_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -47,7 +51,9 @@ def configure(service: str, level: str = "info", json: bool | None = None) -> No
         redact_secrets,
     ]
     if json:
-        processors.append(structlog.processors.dict_tracebacks)
+        # Never render frame locals: they hold DSNs and passwords.
+        processors.append(structlog.processors.ExceptionRenderer(
+            structlog.tracebacks.ExceptionDictTransformer(show_locals=False)))
     processors.append(renderer)
     structlog.configure(
         processors=processors,

@@ -91,7 +91,7 @@ class Pipeline:
         finally:
             bridge.cancel()
             publisher.abandon()
-            reader.close()
+            reader.interrupt()
             self.zero_dates.set(asm_zero_dates(reader))
             await asyncio.get_running_loop().run_in_executor(None, thread.join, 10.0)
 

@@ -10,6 +10,8 @@ the stream holds.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -150,6 +152,20 @@ class BinlogReader:
         finally:
             self.close()
             self._bridge.finish(error)
+
+    def interrupt(self) -> None:
+        """Wake the thread from its blocking socket read (safe from the event loop).
+
+        Closing the connection here would wait for the buffered reader's lock that the reading
+        thread holds; shutting the socket down makes that read fail at once, and the thread
+        then closes the connection itself.
+        """
+        stream = self._stream
+        conn = getattr(stream, "_stream_connection", None)
+        sock = getattr(conn, "_sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         stream, self._stream = self._stream, None

@@ -9,7 +9,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_COMMENTS = re.compile(r"/\*(?!!).*?\*/|--[ \t][^\n]*|#[^\n]*", re.DOTALL)
+# Quoted tokens come first in the alternation so comment markers inside them are kept.
+_QUOTED_OR_COMMENT = re.compile(
+    r"(?P<q>`(?:[^`]|``)*`|'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\")"
+    r"|/\*(?!!).*?\*/|--[ \t][^\n]*|#[^\n]*",
+    re.DOTALL,
+)
+_TOP_LEVEL_COMMA = re.compile(r"(`(?:[^`]|``)*`|'(?:[^'\\]|\\.)*'|\((?:[^()]|\([^()]*\))*\))|,")
 _NAME = r"(?:`(?:[^`]|``)+`|[\w$\u0080-\uffff]+)"
 _QNAME = rf"({_NAME}(?:\s*\.\s*{_NAME})?)"
 _IF = r"(?:IF\s+(?:NOT\s+)?EXISTS\s+)?"
@@ -24,8 +30,8 @@ _PATTERNS = [
 _DROP = re.compile(r"^DROP\s+(?:TEMPORARY\s+)?TABLES?\s+(?:IF\s+EXISTS\s+)?(.*?)(?:\s+(?:RESTRICT|CASCADE))?\s*$",
                    re.I | re.S)
 _RENAME = re.compile(r"^RENAME\s+TABLES?\s+(.*)$", re.I | re.S)
-_ALTER_RENAME = re.compile(rf"\bRENAME\s+(?:TO\s+|AS\s+)?{_QNAME}\s*(?:,|$)", re.I)
-_ALTER_RENAME_COLUMN = re.compile(r"\bRENAME\s+(?:COLUMN|INDEX|KEY)\b", re.I)
+_ALTER_RENAME = re.compile(rf"^RENAME\s+(?:TO\s+|AS\s+|=\s*)?{_QNAME}\s*$", re.I)
+_ALTER_RENAME_COLUMN = re.compile(r"^RENAME\s+(?:COLUMN|INDEX|KEY)\b", re.I)
 _DML = re.compile(r"^(?:INSERT|UPDATE|DELETE|REPLACE|LOAD\s+DATA|LOAD\s+XML)\b", re.I)
 _TXN = re.compile(r"^(?:BEGIN|COMMIT|ROLLBACK|XA\s|SAVEPOINT|RELEASE\s+SAVEPOINT|ROLLBACK\s+TO)\b", re.I)
 
@@ -39,7 +45,22 @@ class Statement:
 
 
 def strip_comments(sql: str) -> str:
-    return _COMMENTS.sub(" ", sql).strip()
+    return _QUOTED_OR_COMMENT.sub(lambda m: m["q"] or " ", sql).strip()
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split on commas outside quotes and parentheses."""
+    parts, current = [], []
+    pos = 0
+    for m in _TOP_LEVEL_COMMA.finditer(text):
+        if m.group(1) is None:
+            current.append(text[pos : m.start()])
+            parts.append("".join(current))
+            current = []
+            pos = m.end()
+    current.append(text[pos:])
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
 
 
 def _unquote(name: str) -> str:
@@ -71,17 +92,18 @@ def parse(sql: str, default_db: str) -> Statement:
     m = _RENAME.match(text)
     if m:
         names = []
-        for pair in m.group(1).split(","):
-            old_new = re.split(r"\s+TO\s+", pair.strip(), flags=re.I)
-            names.extend(_split_name(n, default_db) for n in old_new if n.strip())
+        for pair in split_top_level(m.group(1)):
+            names.extend(_split_name(n, default_db) for n in re.findall(rf"{_QNAME}(?=\s+TO\s+|\s*$)", pair, re.I))
         return Statement("rename", tuple(names))
     for kind, pattern in _PATTERNS:
         m = pattern.match(text)
         if m:
             tables = [_split_name(m.group(1), default_db)]
-            if kind == "alter" and not _ALTER_RENAME_COLUMN.search(text):
-                r = _ALTER_RENAME.search(text[m.end():])
-                if r:
-                    tables.append(_split_name(r.group(1), tables[0][0]))
+            if kind == "alter":
+                for item in split_top_level(text[m.end():]):
+                    r = _ALTER_RENAME.match(item)
+                    if r and not _ALTER_RENAME_COLUMN.match(item):
+                        # An unqualified new name resolves against the session's database.
+                        tables.append(_split_name(r.group(1), default_db))
             return Statement(kind, tuple(tables))
     return Statement("other", ())

@@ -7,6 +7,7 @@ by the packed values of the non-NULL columns.
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from services.parser.columns import TableSchema
@@ -56,7 +57,7 @@ def decode_rows(table: TableSchema, op: str, body: bytes) -> list[dict[str, Any]
                 rows.append({key: image})
     except DecodeError as exc:
         raise DecodeError(f"{table.db}.{table.table}: {exc}") from None
-    except (IndexError, ValueError, UnicodeDecodeError) as exc:
+    except (IndexError, ValueError, UnicodeDecodeError, struct.error) as exc:
         raise DecodeError(
             f"cannot decode a row of {table.db}.{table.table} with its TableMap schema: {exc}"
         ) from exc

@@ -128,7 +128,10 @@ class Assembler:
     def query(self, sql: str, db: str, file: str, start: int, end: int, ts: int) -> list[Outgoing]:
         stmt = ddl.parse(sql, db)
         if stmt.kind == "txn":
-            word = ddl.strip_comments(sql).split(None, 1)[0].upper()
+            words = ddl.strip_comments(sql).upper().split()
+            word = words[0]
+            if "TO" in words[1:3]:
+                return []  # ROLLBACK [WORK] TO SAVEPOINT stays inside the transaction
             if word == "BEGIN":
                 if self._txn is None:
                     self._txn = _Txn(id=f"{file}:{start}", start=Resume(file, start, self._state_str()),

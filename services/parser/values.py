@@ -73,7 +73,8 @@ _F32 = struct.Struct("<f")
 def shortest_float32(x: float) -> float:
     """The shortest decimal that round-trips through float32 (what MySQL prints for FLOAT)."""
     bits = _F32.pack(x)
-    for digits in range(6, 10):
+    # Subnormals carry fewer significant digits than normal floats' 6..9.
+    for digits in range(1 if abs(x) < 1.1754943508222875e-38 else 6, 10):
         candidate = float(f"{x:.{digits}g}")
         if _F32.pack(candidate) == bits:
             return candidate

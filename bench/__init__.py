@@ -1,0 +1,1 @@
+"""Benchmarks (run as scripts, e.g. `python bench/parser.py`)."""

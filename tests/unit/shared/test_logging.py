@@ -1,0 +1,94 @@
+"""Secrets never reach the log output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import structlog
+
+from shared.logging import configure, redact, redact_secrets
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("mysql://u:secret@h/db", "mysql://u:***@h/db"),
+        ("mysql://u:secret@h:3306", "mysql://u:***@h:3306"),
+        ("cannot reach mysql://repl:pa%40ss@db:3306 (timeout)", "cannot reach mysql://repl:***@db:3306 (timeout)"),
+        ("a mysql://u:s1@h and nats://v:s2@k:4222", "a mysql://u:***@h and nats://v:***@k:4222"),
+        ("mysql://:only@h", "mysql://:***@h"),
+        ("mysql://root@h:3306", "mysql://root@h:3306"),
+        ("no url here", "no url here"),
+        ("user@example.com", "user@example.com"),
+    ],
+)
+def test_redact(text, expected):
+    assert redact(text) == expected
+
+
+def test_redact_password_containing_at_sign():
+    assert redact("mysql://u:p@ss@h/db") == "mysql://u:***@h/db"
+
+
+def test_redact_nats_token():
+    assert "s3cr3t" not in redact("nats://s3cr3t@nats:4222")
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["password", "passwd", "db_pass", "Password", "token", "auth_token", "secret", "client_secret", "credentials",
+     "salt", "nkey", "nkey_seed"],
+)
+def test_redact_secrets_masks_secret_keys(key):
+    event = {"event": "x", key: "hunter2", "user": "alice"}
+    assert redact_secrets(None, "info", event) == {"event": "x", key: "***", "user": "alice"}
+
+
+def test_redact_secrets_leaves_none_and_redacts_urls_in_values():
+    event = {"event": "x", "password": None, "url": "mysql://u:pw@h", "n": 3, "email": "a@b.c"}
+    assert redact_secrets(None, "info", event) == {
+        "event": "x", "password": None, "url": "mysql://u:***@h", "n": 3, "email": "a@b.c",
+    }
+
+
+@pytest.fixture
+def json_logging(capsys):
+    """Configure JSON logging inside the test (capsys swaps stderr per phase); returns a reader of the lines."""
+
+    def read() -> list[dict]:
+        return [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+
+    def start():
+        configure("unit", json=True)
+        return read
+
+    try:
+        yield start
+    finally:
+        structlog.reset_defaults()
+        structlog.contextvars.clear_contextvars()
+
+
+def test_configured_pipeline_redacts(json_logging):
+    read = json_logging()
+    structlog.get_logger().info("source.connect", source_url="mysql://u:hunter2@h", token="t0k")
+    (line,) = read()
+    assert (line["event"], line["service"], line["level"]) == ("source.connect", "unit", "info")
+    assert line["source_url"] == "mysql://u:***@h" and line["token"] == "***"
+
+
+def _connect(url: str) -> None:
+    password = "hunter2-local"
+    raise ConnectionError(f"refused ({len(password)})")
+
+
+def test_tracebacks_do_not_render_secret_locals(json_logging):
+    read = json_logging()
+    try:
+        _connect("mysql://u:hunter2-url@h")
+    except ConnectionError:
+        structlog.get_logger().exception("source.failed")
+    text = json.dumps(read())
+    assert "source.failed" in text
+    assert "hunter2" not in text
