@@ -35,7 +35,7 @@ class RestartPolicy:
     max_delay_s: float = 15.0
 
     def delay(self, attempt: int) -> float:
-        return min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1))
+        return float(min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
 
 
 CRASH = RestartPolicy(max_restarts=0)
@@ -106,7 +106,7 @@ async def run_all(tasks: Iterable[Callable[[], Awaitable[None]]]) -> None:
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    installed: list[int] = []
+    installed: list[signal.Signals] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)

@@ -21,8 +21,13 @@ VERSION: Final = 1
 OPS: Final = frozenset({"i", "u", "d", "r", "ddl", "hb"})
 REQUIRED: Final = ("v", "source", "op", "ts", "pos", "scn", "txn")
 
-_SCHEMA_KEY = msgpack.packb("schema")
-_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_SCHEMA_KEY: bytes = msgpack.packb("schema")
+_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+
+
+def _packb(obj: Any) -> bytes:
+    data: bytes = _packer.pack(obj)
+    return data
 
 
 class EnvelopeError(ValueError):

@@ -91,7 +91,7 @@ def parse(sql: str, default_db: str) -> Statement:
         return Statement("drop", tuple(_split_name(n, default_db) for n in _name_list(m.group(1))))
     m = _RENAME.match(text)
     if m:
-        names = []
+        names: list[tuple[str, str]] = []
         for pair in split_top_level(m.group(1)):
             names.extend(_split_name(n, default_db) for n in re.findall(rf"{_QNAME}(?=\s+TO\s+|\s*$)", pair, re.I))
         return Statement("rename", tuple(names))
