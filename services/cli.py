@@ -8,6 +8,7 @@ import sys
 COMMANDS = {
     "up": ("services.launcher.__main__", "main", "run the whole stack locally (NATS, MariaDB, services)"),
     "parser": ("services.parser.__main__", "main", "read the binlog into BINLAKE_RAW"),
+    "sink": ("services.sink.__main__", "main", "route BINLAKE_RAW to per-table subjects in BINLAKE_CDC"),
 }
 
 

@@ -9,6 +9,7 @@ is missing, or a value of the wrong type, fails at start-up with a ConfigError n
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 import types
@@ -49,11 +50,16 @@ def _convert(name: str, raw: Any, kind: Any) -> Any:
             return float(raw)
         if kind is str:
             return str(raw)
+        if origin is dict or kind is dict:
+            value = json.loads(raw) if isinstance(raw, str) else raw
+            if not isinstance(value, dict):
+                raise ValueError(raw)
+            return value
         if origin in (tuple, list):
             items = raw if isinstance(raw, (list, tuple)) else [p.strip() for p in str(raw).split(",") if p.strip()]
             (inner, *_) = typing.get_args(kind) or (str,)
             return tuple(_convert(name, i, inner) for i in items)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # json.JSONDecodeError is a ValueError
         raise ConfigError(f"{name} must be {getattr(kind, '__name__', kind)}, got {raw!r}") from None
     return raw
 

@@ -80,6 +80,24 @@ def raw_stream_config(names: Names, partitions: int, *, duplicate_window_s: floa
     )
 
 
+def cdc_stream_config(names: Names, *, duplicate_window_s: float = 300.0, max_age_s: float = 0.0,
+                      max_bytes: int = -1) -> StreamConfig:
+    """BINLAKE_CDC: the durable, per-table-ordered stream clients read (retention owned by store)."""
+    return StreamConfig(
+        name=names.cdc_stream, subjects=[f"{names.prefix}.cdc.>"], storage=StorageType.FILE,
+        duplicate_window=duplicate_window_s, max_age=max_age_s, max_bytes=max_bytes,
+        discard=DiscardPolicy.OLD, allow_direct=True, description="binlake: routed change events per table",
+    )
+
+
+def dlq_stream_config(names: Names) -> StreamConfig:
+    """BINLAKE_DLQ: events a service could not process, with the reason in a header."""
+    return StreamConfig(
+        name=names.dlq_stream, subjects=[f"{names.prefix}.dlq.>"], storage=StorageType.FILE,
+        duplicate_window=300.0, discard=DiscardPolicy.OLD, description="binlake: dead letters",
+    )
+
+
 async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> StreamInfo:
     """Create the stream, or check that the existing one is compatible (same subject transform)."""
     assert config.name is not None

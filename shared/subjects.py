@@ -77,6 +77,10 @@ class Names:
         return f"{self.prefix.upper()}_CDC"
 
     @property
+    def dlq_stream(self) -> str:
+        return f"{self.prefix.upper()}_DLQ"
+
+    @property
     def cursors_bucket(self) -> str:
         return f"{self.prefix}_cursors"
 
@@ -124,6 +128,16 @@ class Names:
 
     def dlq(self, source: str) -> str:
         return f"{self.prefix}.dlq.{escape_token(source)}"
+
+    def cdc_from_raw_stored(self, subject: str) -> str:
+        """The CDC subject of a stored raw subject, keeping its (already escaped) tokens."""
+        parts = subject.split(".")
+        if len(parts) != 6 or parts[0] != self.prefix or parts[1] != "raw":
+            raise ValueError(f"not a stored raw subject: {subject!r}")
+        return f"{self.prefix}.cdc.{parts[2]}.{parts[4]}.{parts[5]}"
+
+    def cdc_source_filter(self, source: str) -> str:
+        return f"{self.prefix}.cdc.{escape_token(source)}.>"
 
     def parse_raw_stored(self, subject: str) -> tuple[str, int, str, str]:
         """(source, partition, db, table) of a stored raw subject."""

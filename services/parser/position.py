@@ -40,7 +40,14 @@ async def read_tail(js: JetStreamContext, names: Names, source: str) -> Tail | N
     msg = await last_msg(js, names.raw_stream, f"{names.prefix}.raw.>")
     if msg is None or msg.data is None:
         return None
-    env = envelope.decode(msg.data)
+    try:
+        env = envelope.decode(msg.data)
+    except envelope.EnvelopeError as exc:
+        raise StreamMismatch(
+            f"the last message of {names.raw_stream} (seq {msg.seq}, {msg.subject}) is not a binlake envelope "
+            f"({exc}); only the parser may write to the raw stream: remove that message "
+            f"(nats stream rmm {names.raw_stream} {msg.seq}) and restart"
+        ) from None
     if env["source"] != source:
         raise StreamMismatch(
             f"{names.raw_stream} ends with a message of source {env['source']!r}, this parser reads {source!r}; "

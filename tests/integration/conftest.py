@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.support import ServiceProcess, parser_env, read_stream_sync, wait_until
+from tests.integration.support import ServiceProcess, parser_env, read_stream_sync, sink_env, wait_until
 from tests.servers import MariaDB
 
 ParserFactory = Callable[..., ServiceProcess]
@@ -34,3 +34,19 @@ def parser_factory(mariadb: MariaDB, nats_url: str, tmp_path: Path) -> Iterator[
 @pytest.fixture
 def parser(parser_factory: ParserFactory) -> ServiceProcess:
     return parser_factory()
+
+
+@pytest.fixture
+def sink_factory(nats_url: str, tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
+    """Start sink worker processes (`**env` overrides); all are stopped at teardown."""
+    procs: list[ServiceProcess] = []
+
+    def make(name: str = "sink", **env: str) -> ServiceProcess:
+        proc = ServiceProcess("services.sink", sink_env(nats_url, BINLAKE_INSTANCE=name, **env),
+                              tmp_path / f"{name}.log").start()
+        procs.append(proc)
+        return proc
+
+    yield make
+    for p in procs:
+        p.stop()

@@ -37,6 +37,19 @@ def parser_env(mariadb: MariaDB, nats_url: str, **overrides: str) -> dict[str, s
     return env
 
 
+def sink_env(nats_url: str, **overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env.update(
+        BINLAKE_NATS_URL=nats_url,
+        BINLAKE_METRICS_PORT="0",
+        BINLAKE_MEMBER_TTL_S="2",
+        BINLAKE_CURSOR_INTERVAL_S="0.2",
+        BINLAKE_RESTART_BASE_DELAY_S="0.2",
+    )
+    env.update(overrides)
+    return env
+
+
 class ServiceProcess:
     """A binlake service as a child process, its output captured in a file."""
 

@@ -1,0 +1,51 @@
+"""Composition root of a sink worker: membership, coordinator, partition workers, metrics."""
+
+from __future__ import annotations
+
+import contextlib
+
+import structlog
+
+from services.sink.config import SinkConfig
+from services.sink.coordinator import Coordinator
+from services.sink.membership import Membership, member_key
+from services.sink.partition import PartitionSettings, PartitionWorker
+from shared import jetstream
+from shared.actor import Latest, run_all
+from shared.metrics import Registry, serve
+from shared.subjects import Names
+
+log = structlog.get_logger()
+
+
+async def main(cfg: SinkConfig) -> None:
+    registry = Registry()
+    rules = cfg.rules()
+    names = Names(cfg.prefix)
+    server = None
+    if cfg.metrics_port >= 0:
+        server = await serve(registry, cfg.metrics_host, cfg.metrics_port, healthy=lambda: True)
+    nc = await jetstream.connect(cfg.nats_url, name=f"binlake-sink-{cfg.source}")
+    js = nc.jetstream()
+    try:
+        await jetstream.ensure_stream(js, jetstream.raw_stream_config(names, cfg.partitions))
+        await jetstream.ensure_stream(js, jetstream.cdc_stream_config(names))
+        await jetstream.ensure_stream(js, jetstream.dlq_stream_config(names))
+        members_kv = await jetstream.ensure_kv(js, names.members_bucket, ttl_s=cfg.member_ttl_s)
+        cursors = await jetstream.ensure_kv(js, names.cursors_bucket, history=16)
+        view: Latest[frozenset[str]] = Latest()
+        membership = Membership(members_kv, cfg.source, cfg.instance, cfg.member_ttl_s, view)
+
+        def make_worker(p: int) -> PartitionWorker:
+            settings = PartitionSettings(cfg.source, p, cfg.batch, cfg.cursor_interval_s, cfg.publish_timeout_s)
+            return PartitionWorker(js, names, cursors, rules, settings, registry)
+
+        coordinator = Coordinator(view, member_key(cfg.source, cfg.instance), cfg.partitions, make_worker,
+                                  cfg.restart, registry)
+        log.info("sink.start", instance=membership.key, partitions=cfg.partitions)
+        await run_all([membership.run, coordinator.run])
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()
+        if server is not None:
+            server.close()

@@ -1,0 +1,80 @@
+"""Actor: run one PartitionWorker per owned partition and follow membership changes.
+
+When the member view changes, partitions this worker no longer owns are cancelled and new
+ones started. Overlap during a rebalance is harmless (the fence orders every subject); a
+partition halted by a dead letter stays stopped until the process restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import structlog
+
+from services.sink.assignment import owned
+from services.sink.partition import PartitionHalted, PartitionWorker
+from shared.actor import Latest, RestartPolicy, supervise_call
+from shared.metrics import Registry
+
+
+class Coordinator:
+    def __init__(self, view: Latest[frozenset[str]], me: str, partitions: int,
+                 make_worker: Callable[[int], PartitionWorker], restart: RestartPolicy, registry: Registry) -> None:
+        self._view = view
+        self._me = me
+        self._n = partitions
+        self._make = make_worker
+        self._restart = restart
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self.halted: set[int] = set()
+        self._rebalances = registry.counter("sink_rebalances_total", "Changes of this worker's partition set")
+        self._owned = registry.gauge("sink_partitions_owned", "Partitions this worker runs")
+        self._halted_gauge = registry.gauge("sink_partition_halted", "1 while a dead letter stops the partition")
+        self.log = structlog.get_logger().bind(actor="coordinator")
+
+    async def run(self) -> None:
+        view_task: asyncio.Task[frozenset[str]] | None = None
+        try:
+            while True:
+                view_task = view_task or asyncio.create_task(self._view.get())
+                done, _ = await asyncio.wait([view_task, *self._tasks.values()], return_when=asyncio.FIRST_COMPLETED)
+                for p, task in list(self._tasks.items()):
+                    if task in done:
+                        del self._tasks[p]
+                        task.result()  # a fatal error of a partition ends the process
+                if view_task in done:
+                    self._rebalance(view_task.result())
+                    view_task = None
+        finally:
+            if view_task is not None:
+                view_task.cancel()
+            await self._stop(set(self._tasks))
+
+    def _rebalance(self, members: frozenset[str]) -> None:
+        mine = owned(members, self._me, self._n)
+        lost = set(self._tasks) - mine
+        gained = mine - set(self._tasks) - self.halted
+        if lost or gained:
+            self._rebalances.inc()
+            self.log.info("sink.rebalance", members=len(members), owned=sorted(mine), lost=sorted(lost),
+                          gained=sorted(gained))
+        for p in lost:
+            self._tasks.pop(p).cancel()
+        for p in sorted(gained):
+            self._tasks[p] = asyncio.create_task(self._partition(p), name=f"partition-{p}")
+        self._owned.set(len(mine))
+
+    async def _partition(self, p: int) -> None:
+        worker = self._make(p)
+        try:
+            await supervise_call(worker.run, self._restart, worker.log)
+        except PartitionHalted:
+            self.halted.add(p)
+            self._halted_gauge.set(1, partition=str(p))
+
+    async def _stop(self, partitions: set[int]) -> None:
+        tasks = [self._tasks.pop(p) for p in partitions]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

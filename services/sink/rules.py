@@ -1,0 +1,186 @@
+"""Pure: which events a sink forwards, and how it reshapes them (filters, columns, masks).
+
+Table filters follow Canal: comma-separated regular expressions that must match the whole
+`db.table` (`filter.regex` = include, `black.regex` = exclude). Column rules and masks are
+keyed by `db.table` globs (`shop.*`). Primary-key columns are never dropped, so every row
+stays addressable downstream. A masked value never leaves this module in clear text.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.errors import ConfigError
+
+ROW_OPS = frozenset({"i", "u", "d", "r"})
+MASK_METHODS = ("hash", "truncate", "replace")
+
+
+@dataclass(frozen=True)
+class Mask:
+    method: str
+    arg: str = ""
+
+    @classmethod
+    def parse(cls, spec: str, where: str) -> Mask:
+        method, _, arg = spec.partition(":")
+        if method not in MASK_METHODS:
+            raise ConfigError(f"mask {where} = {spec!r}: method must be one of {', '.join(MASK_METHODS)}")
+        if method == "truncate" and not arg.isdigit():
+            raise ConfigError(f"mask {where} = {spec!r}: truncate needs a length, e.g. 'truncate:4'")
+        return cls(method, arg)
+
+    def apply(self, value: Any, salt: bytes) -> Any:
+        if value is None:
+            return None
+        if self.method == "replace":
+            return self.arg
+        if self.method == "truncate":
+            n = int(self.arg)
+            return value[:n] if isinstance(value, (str, bytes)) else str(value)[:n]
+        raw = value if isinstance(value, bytes) else str(value).encode()
+        return hashlib.sha256(salt + raw).hexdigest()
+
+
+@dataclass(frozen=True)
+class TableRules:
+    """What happens to the rows of one table."""
+
+    include: frozenset[str] | None = None
+    exclude: frozenset[str] = frozenset()
+    masks: Mapping[str, Mask] = field(default_factory=dict)
+
+    @property
+    def rewrites(self) -> bool:
+        return self.include is not None or bool(self.exclude) or bool(self.masks)
+
+
+def _patterns(items: Iterable[str], what: str) -> tuple[re.Pattern[str], ...]:
+    out = []
+    for item in items:
+        for part in (p.strip() for p in item.split(",")):
+            if not part:
+                continue
+            try:
+                out.append(re.compile(part))
+            except re.error as exc:
+                raise ConfigError(f"{what} regex {part!r} is invalid: {exc}") from None
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Rules:
+    include: tuple[re.Pattern[str], ...] = ()
+    exclude: tuple[re.Pattern[str], ...] = ()
+    skip_ops: frozenset[str] = frozenset()
+    columns_include: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    columns_exclude: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    masks: Mapping[str, Mapping[str, Mask]] = field(default_factory=dict)
+    salt: bytes = b""
+
+    @classmethod
+    def build(cls, *, include: Sequence[str] = (), exclude: Sequence[str] = (), skip_ops: Sequence[str] = (),
+              columns_include: Mapping[str, Sequence[str]] | None = None,
+              columns_exclude: Mapping[str, Sequence[str]] | None = None,
+              masks: Mapping[str, Mapping[str, str]] | None = None, salt: str = "") -> Rules:
+        """Validate configuration values and build the rules; raises ConfigError naming the bad value."""
+        bad_ops = set(skip_ops) - ROW_OPS
+        if bad_ops:
+            raise ConfigError(f"skip_ops may only name row operations {sorted(ROW_OPS)}, got {sorted(bad_ops)}")
+        parsed_masks = {
+            table: {col: Mask.parse(spec, f"{table}.{col}") for col, spec in cols.items()}
+            for table, cols in (masks or {}).items()
+        }
+        if parsed_masks and not salt:
+            raise ConfigError("masks are configured but mask_salt is empty; set BINLAKE_MASK_SALT to a secret")
+        return cls(
+            include=_patterns(include, "include"), exclude=_patterns(exclude, "exclude"),
+            skip_ops=frozenset(skip_ops),
+            columns_include={t: frozenset(c) for t, c in (columns_include or {}).items()},
+            columns_exclude={t: frozenset(c) for t, c in (columns_exclude or {}).items()},
+            masks=parsed_masks, salt=salt.encode(),
+        )
+
+    def table_allowed(self, db: str, table: str) -> bool:
+        name = f"{db}.{table}"
+        if self.include and not any(p.fullmatch(name) for p in self.include):
+            return False
+        return not any(p.fullmatch(name) for p in self.exclude)
+
+    def for_table(self, db: str, table: str) -> TableRules:
+        name = f"{db}.{table}"
+        include: set[str] | None = None
+        for pattern, cols in self.columns_include.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                include = (include or set()) | cols
+        exclude: set[str] = set()
+        for pattern, cols in self.columns_exclude.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                exclude |= cols
+        masks: dict[str, Mask] = {}
+        for pattern, table_masks in self.masks.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                masks.update(table_masks)
+        return TableRules(frozenset(include) if include is not None else None, frozenset(exclude), masks)
+
+    def apply(self, env: dict[str, Any], table_rules: TableRules) -> dict[str, Any] | None:
+        """The event to forward (reshaped when the table has column rules or masks), or None."""
+        op = env["op"]
+        if op in self.skip_ops:
+            return None
+        if not table_rules.rewrites or op not in ROW_OPS:
+            return env
+        pk = set(env.get("pk") or ())
+        keep = _kept_columns(env, table_rules, pk)
+        masks = table_rules.masks
+        rows = [{image: _reshape(values, keep, masks, self.salt) for image, values in row.items()}
+                for row in env["rows"]]
+        out = {**env, "rows": rows}
+        if "schema" in env:
+            out["schema"] = _reshape_schema(env["schema"], keep, masks)
+        return out
+
+
+def _kept_columns(env: dict[str, Any], rules: TableRules, pk: set[str]) -> frozenset[str] | None:
+    if rules.include is None and not rules.exclude:
+        return None
+    names = [c["name"] for c in env.get("schema", {}).get("columns", [])]
+    if not names and env["rows"]:
+        first = env["rows"][0]
+        names = list((first.get("after") or first.get("before") or {}).keys())
+    kept = {n for n in names if (rules.include is None or n in rules.include) and n not in rules.exclude}
+    return frozenset(kept | pk)
+
+
+def _reshape(values: dict[str, Any], keep: frozenset[str] | None, masks: Mapping[str, Mask],
+             salt: bytes) -> dict[str, Any]:
+    out = {}
+    for name, value in values.items():
+        if keep is not None and name not in keep:
+            continue
+        mask = masks.get(name)
+        out[name] = mask.apply(value, salt) if mask is not None else value
+    return out
+
+
+def _reshape_schema(schema: dict[str, Any], keep: frozenset[str] | None, masks: Mapping[str, Mask]) -> dict[str, Any]:
+    columns = []
+    for col in schema.get("columns", []):
+        if keep is not None and col["name"] not in keep:
+            continue
+        mask = masks.get(col["name"])
+        if mask is not None:
+            col = {**col, "masked": mask.method}
+            if mask.method != "truncate" or col["type"] not in ("char", "varchar", "text", "tinytext", "mediumtext",
+                                                                   "longtext", "binary", "varbinary", "blob"):
+                col = {k: v for k, v in col.items() if k not in ("precision", "scale", "fsp", "unsigned", "values")}
+                col["type"] = "varchar"
+        columns.append(col)
+    # A reshaped table has a schema of its own, so it gets an id of its own.
+    sid = hashlib.blake2b(repr(columns).encode(), digest_size=8).hexdigest()
+    return {**schema, "columns": columns, "id": sid}
