@@ -8,6 +8,8 @@ import sys
 COMMANDS = {
     "up": ("services.launcher.__main__", "main", "run the whole stack locally (NATS, MariaDB, services)"),
     "parser": ("services.parser.__main__", "main", "read the binlog into BINLAKE_RAW"),
+    "meta": ("services.meta.__main__", "main", "cursors, rewind and schema history (--backend kv|mysql)"),
+    "store": ("services.store.__main__", "main", "serve get/ack/rollback batches of BINLAKE_CDC to clients"),
     "sink": ("services.sink.__main__", "main", "route BINLAKE_RAW to per-table subjects in BINLAKE_CDC"),
 }
 

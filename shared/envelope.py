@@ -91,10 +91,21 @@ def headers(env: Mapping[str, Any], mid: str) -> dict[str, str]:
     """Headers readable in `nats stream view` without decoding the body."""
     pos = env["pos"]
     table = f"{env['db']}.{env['table']}" if env.get("table") is not None else ""
-    return {
+    out = {
         "Nats-Msg-Id": mid,
         "Binlake-Op": env["op"],
         "Binlake-Table": table,
         "Binlake-Pos": f"{pos['file']}:{pos['offset']}" + (f" {pos['gtid']}" if pos.get("gtid") else ""),
         "Binlake-Rows": str(len(env.get("rows") or ())),
+        "Binlake-Scn": str(env["scn"]),
+        "Binlake-Ts": str(env["ts"]),
     }
+    schema_id = schema_id_of(env)
+    if schema_id:
+        out["Binlake-Schema"] = schema_id
+    return out
+
+
+def schema_id_of(env: Mapping[str, Any]) -> str | None:
+    schema = env.get("schema")
+    return str(schema["id"]) if isinstance(schema, Mapping) and schema.get("id") else None

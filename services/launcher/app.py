@@ -51,14 +51,17 @@ def child_env(cfg: LauncherConfig, nats_url: str, source_url: str) -> dict[str, 
 
 def services(cfg: LauncherConfig, env: dict[str, str]) -> list[Child]:
     """The child processes, in start order (more join as their services land)."""
-    return [Child("parser", "services.parser", {**env, "BINLAKE_INSTANCE": "up-parser"}, color=0)]
+    children = [Child("parser", "services.parser", {**env, "BINLAKE_INSTANCE": "up-parser"}, color=0)]
+    for i in range(1, cfg.sinks + 1):
+        children.append(Child(f"sink-{i}", "services.sink", {**env, "BINLAKE_INSTANCE": f"up-sink-{i}"}, color=i))
+    return children
 
 
 def banner(cfg: LauncherConfig, data: Path, nats: NatsServer, source_url: str) -> str:
     return "\n".join([
         "binlake is up",
         f"  data dir : {data}",
-        f"  NATS     : {nats.url}   (nats --server {nats.url} stream info {cfg.prefix.upper()}_RAW)",
+        f"  NATS     : {nats.url}   (nats --server {nats.url} stream info {cfg.prefix.upper()}_CDC)",
         f"  source   : {source_url}",
         "  stop     : Ctrl-C",
     ])

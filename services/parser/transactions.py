@@ -68,7 +68,7 @@ class _Txn:
     domain: int | None
     ddl_ends: bool
     i: int = 0
-    pending: tuple[dict[str, Any], bytes | None] | None = None
+    pending: tuple[dict[str, Any], bytes | None, str | None] | None = None
 
 
 def gtid_state_str(state: dict[int, str]) -> str:
@@ -156,7 +156,7 @@ class Assembler:
         for idx, (tdb, table) in enumerate(targets):
             env = self._env("ddl", tdb, table or None, file, start, scn, ts, idx)
             env["ddl"] = sql
-            self._push(env, None)
+            self._push(env, None, None)
         assert self._txn is not None
         return self.commit(file, end) if self._txn.ddl_ends else self._drain_before_last()
 
@@ -167,7 +167,7 @@ class Assembler:
         env = self._env(op, table.db, table.table, file, start, envelope.scn(file, start), ts, 0)
         env["pk"] = list(table.pk)
         env["rows"] = rows
-        self._push(env, table.packed)
+        self._push(env, table.packed, table.id)
         return self._drain_before_last()
 
     def commit(self, file: str, end: int) -> list[Outgoing]:
@@ -180,9 +180,9 @@ class Assembler:
         self._boundary = Resume(file, end, self._state_str())
         out, self._ready = self._ready, []
         if txn.pending is not None:
-            env, packed = txn.pending
+            env, packed, schema_id = txn.pending
             txn.pending = None
-            out += self._release(txn, env, packed, last=True, resume=self._boundary)
+            out += self._release(txn, env, packed, schema_id, last=True, resume=self._boundary)
         if self.skip is not None and self.skip.txn_id == txn.id:
             self.skip = None
         return out
@@ -224,19 +224,19 @@ class Assembler:
                 "pos": {"file": file, "offset": start, "gtid": txn.gtid}, "scn": scn, "chunk": chunk,
                 "txn": {"id": txn.id, "i": 0, "last": False}}
 
-    def _push(self, env: dict[str, Any], packed: bytes | None) -> None:
+    def _push(self, env: dict[str, Any], packed: bytes | None, schema_id: str | None) -> None:
         txn = self._txn
         assert txn is not None
         if txn.pending is not None:
             self._ready.extend(self._release(txn, *txn.pending, last=False, resume=txn.start))
-        txn.pending = (env, packed)
+        txn.pending = (env, packed, schema_id)
 
     def _drain_before_last(self) -> list[Outgoing]:
         out, self._ready = self._ready, []
         return out
 
-    def _release(self, txn: _Txn, env: dict[str, Any], packed: bytes | None, *, last: bool,
-                 resume: Resume) -> list[Outgoing]:
+    def _release(self, txn: _Txn, env: dict[str, Any], packed: bytes | None, schema_id: str | None, *,
+                 last: bool, resume: Resume) -> list[Outgoing]:
         out: list[Outgoing] = []
         parts = [env]
         limit = self.max_payload - HEADER_ALLOWANCE
@@ -257,7 +257,7 @@ class Assembler:
             is_last = last and n == len(parts) - 1
             if self.skip is not None and self.skip.txn_id == txn.id and i <= self.skip.i:
                 continue
-            out.append(self._outgoing(part, data, resume if is_last else txn.start, is_last))
+            out.append(self._outgoing(part, data, resume if is_last else txn.start, is_last, schema_id))
         txn.i += len(parts)
         return out
 
@@ -279,7 +279,8 @@ class Assembler:
             out += [{**part, "rows": rows[:half]}, {**part, "rows": rows[half:]}]
         return out
 
-    def _outgoing(self, env: dict[str, Any], data: bytes, resume: Resume, last: bool) -> Outgoing:
+    def _outgoing(self, env: dict[str, Any], data: bytes, resume: Resume, last: bool,
+                  schema_id: str | None) -> Outgoing:
         mid = envelope.msg_id(self.source, env["scn"], env["chunk"])
         table = env["table"]
         if env["op"] == "ddl" and not table:
@@ -287,4 +288,7 @@ class Assembler:
         else:
             subject = self.names.raw(self.source, env["db"], table)
         rows = len(env.get("rows") or ())
-        return Outgoing(subject, data, mid, envelope.headers(env, mid), env["op"], env["ts"], rows, resume, last)
+        headers = envelope.headers(env, mid)
+        if schema_id:
+            headers["Binlake-Schema"] = schema_id
+        return Outgoing(subject, data, mid, headers, env["op"], env["ts"], rows, resume, last)

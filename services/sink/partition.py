@@ -22,11 +22,11 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from services.sink.fence import SubjectFence
-from services.sink.reader import RawReader
 from services.sink.rules import Rules, TableRules
 from shared import envelope
 from shared.errors import FatalError, NatsUnavailable
 from shared.metrics import Registry
+from shared.ordered_reader import OrderedReader
 from shared.subjects import Names
 
 DROPPED_HEADERS = ("Nats-Expected-Last-Msg-Id",)
@@ -83,7 +83,7 @@ class PartitionWorker:
 
     async def run(self) -> None:
         await self._load_cursor()
-        reader = RawReader(self._js, self._names.raw_stream,
+        reader = OrderedReader(self._js, self._names.raw_stream,
                            self._names.raw_partition_filter(self._s.source, self._s.partition),
                            self._cursor + 1, self._s.batch)
         fence = SubjectFence(self._js, self._names.cdc_stream, self._s.publish_timeout_s)

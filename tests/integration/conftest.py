@@ -50,3 +50,18 @@ def sink_factory(nats_url: str, tmp_path: Path) -> Iterator[Callable[..., Servic
     yield make
     for p in procs:
         p.stop()
+
+
+@pytest.fixture
+def service_factory(nats_url: str, tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
+    """Start any binlake service (`module`, log `name`, `**env`); all are stopped at teardown."""
+    procs: list[ServiceProcess] = []
+
+    def make(module: str, name: str, **env: str) -> ServiceProcess:
+        proc = ServiceProcess(module, sink_env(nats_url, **env), tmp_path / f"{name}.log").start()
+        procs.append(proc)
+        return proc
+
+    yield make
+    for p in procs:
+        p.stop()

@@ -1,4 +1,4 @@
-"""Read one raw partition in stream order, from a given sequence, with no gaps.
+"""Read a stream (one subject filter) in order, from a given sequence, with no gaps.
 
 An ephemeral pull consumer (AckNone, state in memory) starts at the partition's cursor.
 Every delivered message must have the next consumer sequence; on a gap, an error or a
@@ -18,13 +18,15 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from shared.errors import NatsUnavailable
 
 
-class RawReader:
-    def __init__(self, js: JetStreamContext, stream: str, subject: str, start_seq: int, batch: int) -> None:
+class OrderedReader:
+    def __init__(self, js: JetStreamContext, stream: str, subject: str, start_seq: int, batch: int, *,
+                 headers_only: bool = False) -> None:
         self._js = js
         self._stream = stream
         self._subject = subject
         self.next_seq = max(1, start_seq)
         self._batch = batch
+        self._headers_only = headers_only
         self._sub: JetStreamContext.PullSubscription | None = None
         self._cseq = 0
         self.pending = 0
@@ -35,7 +37,7 @@ class RawReader:
         cfg = ConsumerConfig(
             ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.next_seq,
             filter_subject=self._subject, inactive_threshold=60.0, mem_storage=True, num_replicas=1,
-            max_waiting=4,
+            max_waiting=4, headers_only=self._headers_only or None,
         )
         try:
             self._sub = await self._js.pull_subscribe(self._subject, stream=self._stream, config=cfg)

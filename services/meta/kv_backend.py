@@ -1,0 +1,110 @@
+"""Meta backend on JetStream KV: cursors in one bucket, schema history in another.
+
+Cursor compare-and-set is KV `update(last=revision)` / `create`. Schema records are keys
+`<source>.<db>.<table>.<scn>` with hex-encoded names (KV keys allow few characters), so a
+table's history is one prefix watch.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from services.meta.backend import Conflict, CursorEntry, SchemaRecord
+from shared import jetstream
+from shared.jetstream import nats_errors
+
+
+def _hex(name: str) -> str:
+    return name.encode().hex() or "_"
+
+
+class KvBackend:
+    def __init__(self, js: JetStreamContext, cursors_bucket: str, schema_bucket: str) -> None:
+        self._js = js
+        self._buckets = (cursors_bucket, schema_bucket)
+        self._cursors: KeyValue | None = None
+        self._schema: KeyValue | None = None
+
+    async def start(self) -> None:
+        self._cursors = await jetstream.ensure_kv(self._js, self._buckets[0], history=16)
+        self._schema = await jetstream.ensure_kv(self._js, self._buckets[1])
+
+    async def close(self) -> None:
+        return None
+
+    @property
+    def cursors(self) -> KeyValue:
+        assert self._cursors is not None, "start() first"
+        return self._cursors
+
+    @property
+    def schema_kv(self) -> KeyValue:
+        assert self._schema is not None, "start() first"
+        return self._schema
+
+    async def get(self, key: str) -> CursorEntry | None:
+        with nats_errors(f"cursor {key}"):
+            try:
+                entry = await self.cursors.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                return None
+        if entry.value is None or entry.revision is None:
+            return None
+        return CursorEntry(key, json.loads(entry.value), entry.revision)
+
+    async def put(self, key: str, value: dict[str, Any], expected_revision: int | None) -> int:
+        data = json.dumps(value).encode()
+        with nats_errors(f"cursor {key}"):
+            try:
+                if expected_revision is None:
+                    return int(await self.cursors.create(key, data))
+                return int(await self.cursors.update(key, data, last=expected_revision))
+            except nats.js.errors.KeyWrongLastSequenceError as exc:
+                raise Conflict(f"cursor {key} changed concurrently (expected revision {expected_revision})") from exc
+
+    async def list_cursors(self, prefix: str) -> list[CursorEntry]:
+        out: list[CursorEntry] = []
+        with nats_errors(f"cursors {prefix}*"):
+            try:
+                keys = await self.cursors.keys()
+            except nats.js.errors.NoKeysError:
+                return out
+        for key in sorted(k for k in keys if k.startswith(prefix)):
+            entry = await self.get(key)
+            if entry is not None:
+                out.append(entry)
+        return out
+
+    async def delete(self, key: str) -> None:
+        with nats_errors(f"cursor {key}"):
+            await self.cursors.delete(key)
+
+    async def add_schema(self, record: SchemaRecord) -> None:
+        key = f"{_hex(record.source)}.{_hex(record.db)}.{_hex(record.table)}.{record.scn}"
+        with nats_errors("schema history"):
+            await self.schema_kv.put(key, json.dumps(record.to_dict()).encode())
+
+    async def schemas(self, source: str, db: str, table: str) -> list[SchemaRecord]:
+        prefix = f"{_hex(source)}.{_hex(db)}.{_hex(table)}"
+        records: list[SchemaRecord] = []
+        with nats_errors("schema history"):
+            watcher = await self.schema_kv.watch(f"{prefix}.>", ignore_deletes=True)
+            try:
+                while True:
+                    try:
+                        entry = await watcher.updates(timeout=5)  # type: ignore[no-untyped-call]
+                    except nats.errors.TimeoutError:
+                        break
+                    if entry is None:  # end of the initial values
+                        break
+                    if entry.value:
+                        records.append(SchemaRecord.from_dict(json.loads(entry.value)))
+            finally:
+                await watcher.stop()  # type: ignore[no-untyped-call]
+        return sorted(records, key=lambda r: r.scn)

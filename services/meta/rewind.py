@@ -1,0 +1,91 @@
+"""Rewind a client to a timestamp or a binlog position (DTS-style seek).
+
+The CDC stream interleaves tables, so no single sequence splits "before" from "after": the
+client's cursor goes to just before the first event at or after the point, and the point
+itself (`min_ts` / `min_scn`) filters out the older events that follow it in the stream.
+For a timestamp the scan starts at the first message JetStream stored at or after it (an
+event is always stored after its commit); for a position it starts at the beginning.
+Only headers are read.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from services.meta.backend import Conflict, MetaBackend
+from shared import envelope
+from shared.clients import ClientState, client_key
+from shared.errors import NatsUnavailable
+from shared.rpc import BadRequest, RpcError
+from shared.subjects import Names
+
+
+class Rewinder:
+    def __init__(self, js: JetStreamContext, names: Names, backend: MetaBackend) -> None:
+        self._js = js
+        self._names = names
+        self._backend = backend
+
+    async def to_timestamp(self, source: str, client: str, ts_ms: int) -> dict[str, Any]:
+        start = dt.datetime.fromtimestamp(ts_ms / 1000, dt.UTC)
+        seq = await self._first(source, lambda h: int(h.get("Binlake-Ts", 0)) >= ts_ms, start_time=start)
+        return await self._apply(source, client, seq, min_ts=ts_ms)
+
+    async def to_position(self, source: str, client: str, position: str) -> dict[str, Any]:
+        file, _, offset = position.rpartition(":")
+        if not file or not offset.isdigit():
+            raise BadRequest(f"position must look like mysql-bin.000042:1234, got {position!r}")
+        try:
+            target = envelope.scn(file, int(offset))
+        except envelope.EnvelopeError as exc:
+            raise BadRequest(str(exc)) from None
+        seq = await self._first(source, lambda h: int(h.get("Binlake-Scn", 0)) >= target)
+        return await self._apply(source, client, seq, min_scn=target)
+
+    async def _first(self, source: str, reached: Any, start_time: dt.datetime | None = None) -> int:
+        """The first CDC sequence whose headers satisfy `reached` (or the next sequence to come)."""
+        try:
+            info = await self._js.stream_info(self._names.cdc_stream)
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise NatsUnavailable(f"stream {self._names.cdc_stream}: {exc!r}") from exc
+        end = info.state.last_seq
+        policy = DeliverPolicy.BY_START_TIME if start_time else DeliverPolicy.ALL
+        cfg = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=policy, opt_start_time=start_time,
+                             headers_only=True, mem_storage=True, inactive_threshold=30.0,
+                             filter_subject=self._names.cdc_source_filter(source))
+        sub = await self._js.pull_subscribe(cfg.filter_subject or ">", stream=self._names.cdc_stream, config=cfg)
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(1000, timeout=1.0)
+                except nats.errors.TimeoutError:
+                    return end + 1
+                for m in msgs:
+                    if reached(m.headers or {}):
+                        return int(m.metadata.sequence.stream)
+                if msgs and msgs[-1].metadata.sequence.stream >= end:
+                    return end + 1
+        finally:
+            await sub.unsubscribe()
+
+    async def _apply(self, source: str, client: str, seq: int, *, min_ts: int = 0, min_scn: int = 0) -> dict[str, Any]:
+        key = client_key(source, client)
+        for _ in range(10):
+            entry = await self._backend.get(key)
+            if entry is None:
+                raise RpcError("unknown_client", f"client {client!r} has never subscribed to source {source!r}")
+            state = ClientState.from_dict(entry.value).rewound(seq - 1, min_ts=min_ts, min_scn=min_scn)
+            try:
+                await self._backend.put(key, state.to_dict(), entry.revision)
+            except Conflict:
+                continue
+            return {"seq": seq, "acked": state.acked}
+        raise RpcError("conflict", f"client {client!r} changed concurrently during the rewind; try again")
+
+
+

@@ -1,0 +1,97 @@
+"""Meta's request handlers: cursors (monotonic compare-and-set), schema lookups, rewind.
+
+Subjects `<prefix>.meta.<verb>`, served in queue group `meta` so several meta processes
+can answer; all state is in the backend, none in memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
+
+from services.meta.backend import Conflict, MetaBackend
+from services.meta.history import schema_at
+from services.meta.rewind import Rewinder
+from shared.rpc import BadRequest, RpcError, require, serve
+
+
+def meta_subject(prefix: str, verb: str) -> str:
+    return f"{prefix}.meta.{verb}"
+
+
+class MetaServer:
+    def __init__(self, nc: NATS, prefix: str, backend: MetaBackend, rewinder: Rewinder) -> None:
+        self._nc = nc
+        self._prefix = prefix
+        self._backend = backend
+        self._rewinder = rewinder
+        self._subs: list[Subscription] = []
+
+    async def start(self) -> None:
+        handlers = {
+            "cursor.get": self.cursor_get, "cursor.put": self.cursor_put, "cursor.list": self.cursor_list,
+            "cursor.delete": self.cursor_delete, "schema.at": self.schema_at, "schema.history": self.schema_history,
+            "rewind": self.rewind,
+        }
+        for verb, handler in handlers.items():
+            self._subs.append(await serve(self._nc, meta_subject(self._prefix, verb), handler, queue="meta"))
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs.clear()
+
+    async def cursor_get(self, req: dict[str, Any]) -> dict[str, Any]:
+        entry = await self._backend.get(require(req, "key", str))
+        return {"entry": None if entry is None else {"value": entry.value, "revision": entry.revision}}
+
+    async def cursor_put(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Compare-and-set; with `order` (a field name) the value may only grow unless `rewind`."""
+        key = require(req, "key", str)
+        value = require(req, "value", dict)
+        revision = req.get("revision")
+        if revision is not None and not isinstance(revision, int):
+            raise BadRequest("field 'revision' must be int or nil")
+        order = req.get("order")
+        if order is not None and not req.get("rewind"):
+            current = await self._backend.get(key)
+            if current is not None and _order(current.value, order) > _order(value, order):
+                raise RpcError("backwards", f"cursor {key} is at {order}={current.value.get(order)}; refusing to "
+                                            f"move it back to {value.get(order)} without rewind")
+        try:
+            return {"revision": await self._backend.put(key, value, revision)}
+        except Conflict as exc:
+            raise RpcError("conflict", str(exc)) from None
+
+    async def cursor_list(self, req: dict[str, Any]) -> dict[str, Any]:
+        entries = await self._backend.list_cursors(str(req.get("prefix", "")))
+        return {"entries": [{"key": e.key, "value": e.value, "revision": e.revision} for e in entries]}
+
+    async def cursor_delete(self, req: dict[str, Any]) -> dict[str, Any]:
+        await self._backend.delete(require(req, "key", str))
+        return {}
+
+    async def schema_at(self, req: dict[str, Any]) -> dict[str, Any]:
+        records = await self._backend.schemas(require(req, "source", str), require(req, "db", str),
+                                              require(req, "table", str))
+        return schema_at(records, require(req, "scn", int))
+
+    async def schema_history(self, req: dict[str, Any]) -> dict[str, Any]:
+        records = await self._backend.schemas(require(req, "source", str), require(req, "db", str),
+                                              require(req, "table", str))
+        return {"records": [r.to_dict() for r in records]}
+
+    async def rewind(self, req: dict[str, Any]) -> dict[str, Any]:
+        source, client = require(req, "source", str), require(req, "client", str)
+        if ("timestamp" in req) == ("position" in req):
+            raise BadRequest("give exactly one of 'timestamp' (ms) or 'position' ('file:offset')")
+        if "timestamp" in req:
+            return await self._rewinder.to_timestamp(source, client, require(req, "timestamp", int))
+        return await self._rewinder.to_position(source, client, require(req, "position", str))
+
+
+def _order(value: dict[str, Any], field: str) -> int:
+    raw = value.get(field, 0)
+    return int(raw) if isinstance(raw, (int, float, str)) and str(raw).lstrip("-").isdigit() else 0

@@ -1,0 +1,57 @@
+"""Pure: the batch protocol's rules on a client's state (DESIGN §6, Canal's get/ack/rollback).
+
+A batch id is the CDC sequence its batch ends at; ids of one client grow, so "already
+acked" is `id <= acked`, and only the oldest unacked batch may be acked.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from shared.clients import ClientState
+from shared.rpc import BadRequest, RpcError
+
+
+class ProtocolError(RpcError):
+    """The client broke the protocol (ack out of order, unknown batch...)."""
+
+
+def compile_filter(pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise BadRequest(f"filter {pattern!r} is not a valid regular expression: {exc}") from None
+
+
+def delivered(state: ClientState, end: int) -> ClientState:
+    """Record a new batch that ends at CDC sequence `end`."""
+    if end <= state.delivered:
+        raise ValueError(f"batch end {end} is not after delivered {state.delivered}")
+    return replace(state, delivered=end, batches=(*state.batches, end))
+
+
+def acked(state: ClientState, batch_id: int) -> ClientState:
+    """Ack the oldest unacked batch; anything else is a ProtocolError naming the problem."""
+    if batch_id <= state.acked:
+        raise ProtocolError("already_acked", f"batch {batch_id} is already acked (acked up to {state.acked})")
+    if batch_id not in state.batches:
+        raise ProtocolError("unknown_batch", f"batch {batch_id} is unknown to client {state.client!r} "
+                                             "(never delivered, or rolled back)")
+    first = state.batches[0]
+    if batch_id != first:
+        raise ProtocolError("out_of_order", f"batch {batch_id} is not the first unacked batch; ack {first} first")
+    return replace(state, acked=batch_id, batches=state.batches[1:])
+
+
+def wanted(subject_tokens: tuple[str, str], headers: dict[str, str], state: ClientState,
+           pattern: re.Pattern[str]) -> bool:
+    """Whether an event (by its CDC subject's db/table and headers) goes to this client."""
+    db, table = subject_tokens
+    if db == "$binlake":
+        return False  # heartbeats and table-less DDL are binlake's own business
+    if state.min_ts and int(headers.get("Binlake-Ts", 0)) < state.min_ts:
+        return False
+    if state.min_scn and int(headers.get("Binlake-Scn", 0)) < state.min_scn:
+        return False
+    return pattern.fullmatch(f"{db}.{table}") is not None

@@ -1,0 +1,32 @@
+"""The store owns BINLAKE_CDC's definition: create it, and apply retention changes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import nats.js.errors
+import structlog
+from nats.js import JetStreamContext
+from nats.js.api import StreamInfo
+
+from shared import jetstream
+from shared.jetstream import nats_errors
+from shared.subjects import Names
+
+log = structlog.get_logger()
+
+
+async def apply_retention(js: JetStreamContext, names: Names, max_age_s: float, max_bytes: int) -> StreamInfo:
+    """Create BINLAKE_CDC or update its age/bytes limits to the configured ones."""
+    want = jetstream.cdc_stream_config(names, max_age_s=max_age_s, max_bytes=max_bytes)
+    with nats_errors(f"stream {names.cdc_stream}"):
+        try:
+            info = await js.stream_info(names.cdc_stream)
+        except nats.js.errors.NotFoundError:
+            return await js.add_stream(want)
+        have = info.config
+        if (have.max_age or 0) == (want.max_age or 0) and (have.max_bytes or -1) == want.max_bytes:
+            return info
+        updated = dataclasses.replace(have, max_age=want.max_age, max_bytes=want.max_bytes)
+        log.info("store.retention", max_age_s=max_age_s, max_bytes=max_bytes)
+        return await js.update_stream(updated)

@@ -1,0 +1,239 @@
+"""The batch protocol over NATS request-reply: subscribe, get, ack, rollback, unsubscribe.
+
+Subjects `<prefix>.store.<source>.<verb>` in queue group `store`. Every client's state
+lives in meta (compare-and-set on each change), so any store process can answer any
+request and a restarted store loses nothing: clients continue from their last ack. The
+only memory is a cache of read positions, checked against meta on every get.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+
+from services.store import batches
+from shared.clients import ClientState, client_key
+from shared.errors import NatsUnavailable
+from shared.meta_client import Conflict, MetaClient
+from shared.metrics import Registry
+from shared.ordered_reader import OrderedReader
+from shared.rpc import BadRequest, RpcError, require, serve
+from shared.subjects import Names, unescape_token
+
+FETCH = 500
+
+
+@dataclass
+class _Position:
+    """A client's prefetched read position (a cache; meta is the truth)."""
+
+    reader: OrderedReader
+    buffer: deque[Msg] = field(default_factory=deque)
+
+    @property
+    def next_seq(self) -> int:
+        return self.buffer[0].metadata.sequence.stream if self.buffer else self.reader.next_seq
+
+
+class StoreServer:
+    def __init__(self, nc: NATS, js: JetStreamContext, names: Names, source: str, meta: MetaClient,
+                 registry: Registry, max_batch_rows: int) -> None:
+        self._nc = nc
+        self._js = js
+        self._names = names
+        self._source = source
+        self._meta = meta
+        self._max_rows = max_batch_rows
+        self._positions: dict[str, _Position] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._subs: list[Subscription] = []
+        self._batches = registry.counter("store_batches_total", "Batches delivered")
+        self._rows = registry.counter("store_rows_total", "Rows delivered in batches")
+        self._acks = registry.counter("store_acks_total", "Batches acked")
+        self._errors = registry.counter("store_protocol_errors_total", "Requests refused")
+        self.log = structlog.get_logger().bind(actor="store")
+
+    async def start(self) -> None:
+        base = f"{self._names.prefix}.store.{self._source}"
+        for verb, handler in (("subscribe", self.subscribe), ("ack", self.ack), ("rollback", self.rollback),
+                              ("unsubscribe", self.unsubscribe)):
+            self._subs.append(await serve(self._nc, f"{base}.{verb}", self._counted(handler), queue="store"))
+        self._subs.append(await serve(self._nc, f"{base}.get", self._counted(self.get), queue="store",
+                                      split_field="events"))
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+        for pos in self._positions.values():
+            await pos.reader.close()
+
+    def _counted(self, handler: Any) -> Any:
+        async def wrapped(req: dict[str, Any]) -> dict[str, Any]:
+            try:
+                return dict(await handler(req))
+            except RpcError:
+                self._errors.inc()
+                raise
+        return wrapped
+
+    # -- state --------------------------------------------------------------------------
+
+    async def _load(self, client: str) -> tuple[ClientState, int]:
+        entry = await self._meta.get(client_key(self._source, client))
+        if entry is None:
+            raise RpcError("unknown_client", f"client {client!r} is not subscribed; call subscribe first")
+        return ClientState.from_dict(entry.value), entry.revision
+
+    async def _save(self, state: ClientState, revision: int | None, *, rewind: bool = False) -> None:
+        await self._meta.put(client_key(self._source, state.client), state.to_dict(), revision, order="seq",
+                             rewind=rewind)
+
+    def _lock(self, client: str) -> asyncio.Lock:
+        return self._locks.setdefault(client, asyncio.Lock())
+
+    # -- verbs --------------------------------------------------------------------------
+
+    async def subscribe(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Create the client, or re-subscribe: keep its last ack, change its filter, roll back."""
+        client = require(req, "client", str)
+        pattern = str(req.get("filter") or ".*")
+        batches.compile_filter(pattern)
+        start = req.get("start", "earliest")
+        async with self._lock(client):
+            entry = await self._meta.get(client_key(self._source, client))
+            if entry is not None and not req.get("reset"):
+                state = ClientState.from_dict(entry.value)
+                new = ClientState(client, pattern, state.acked, state.acked, (), state.min_ts, state.min_scn,
+                                  state.epoch + 1)
+                await self._save(new, entry.revision)
+                return {"acked": new.acked, "created": False}
+            seq, rewind_to = await self._start_seq(start)
+            new = ClientState(client, pattern, seq, seq, (), 0, 0, (ClientState.from_dict(entry.value).epoch + 1
+                                                                    if entry else 0))
+            await self._save(new, entry.revision if entry else None, rewind=True)
+        if rewind_to is not None:
+            result = await self._meta.rewind(self._source, client, **rewind_to)
+            return {"acked": result["acked"], "created": True}
+        return {"acked": seq, "created": True}
+
+    async def _start_seq(self, start: Any) -> tuple[int, dict[str, Any] | None]:
+        if start == "earliest":
+            return 0, None
+        if start == "latest":
+            try:
+                info = await self._js.stream_info(self._names.cdc_stream)
+            except Exception as exc:
+                raise NatsUnavailable(f"stream {self._names.cdc_stream}: {exc!r}") from exc
+            return int(info.state.last_seq), None
+        if isinstance(start, dict) and isinstance(start.get("timestamp"), int):
+            return 0, {"timestamp_ms": start["timestamp"]}
+        if isinstance(start, dict) and isinstance(start.get("position"), str):
+            return 0, {"position": start["position"]}
+        raise BadRequest("start must be 'earliest', 'latest', {'timestamp': ms} or {'position': 'file:offset'}")
+
+    async def get(self, req: dict[str, Any]) -> dict[str, Any]:
+        client = require(req, "client", str)
+        max_rows = int(req.get("max_rows", 1000))
+        max_wait = float(req.get("max_wait", 1.0))
+        if not 1 <= max_rows <= self._max_rows:
+            raise BadRequest(f"max_rows must be 1..{self._max_rows}")
+        if not 0 <= max_wait <= 60:
+            raise BadRequest("max_wait must be 0..60 seconds")
+        async with self._lock(client):
+            for _ in range(5):
+                state, revision = await self._load(client)
+                events, rows, end = await self._read(state, max_rows, max_wait)
+                if end == state.delivered:
+                    return {"batch_id": None, "events": [], "rows": 0}
+                if not events and not state.batches:
+                    new = ClientState(state.client, state.filter, end, end, (), state.min_ts, state.min_scn,
+                                      state.epoch)
+                    batch_id = None
+                else:
+                    new, batch_id = batches.delivered(state, end), end
+                try:
+                    await self._save(new, revision)
+                except Conflict:
+                    self._positions.pop(client, None)
+                    continue
+                if batch_id is not None:
+                    self._batches.inc()
+                    self._rows.inc(rows)
+                return {"batch_id": batch_id, "events": events, "rows": rows}
+        raise RpcError("conflict", f"client {client!r} keeps changing concurrently")
+
+    async def _read(self, state: ClientState, max_rows: int, max_wait: float) -> tuple[list[bytes], int, int]:
+        """Events after `state.delivered` for this client: (raw envelopes, rows, last sequence examined)."""
+        pos = self._positions.get(state.client)
+        if pos is None or pos.next_seq != state.delivered + 1:
+            if pos is not None:
+                await pos.reader.close()
+            reader = OrderedReader(self._js, self._names.cdc_stream, self._names.cdc_source_filter(self._source),
+                                   state.delivered + 1, FETCH)
+            pos = self._positions[state.client] = _Position(reader)
+        pattern = batches.compile_filter(state.filter)
+        events: list[bytes] = []
+        rows = 0
+        end = state.delivered
+        deadline = time.monotonic() + max_wait
+        while rows < max_rows:
+            if not pos.buffer:
+                wait = 0.02 if end > state.delivered else max(0.01, deadline - time.monotonic())
+                pos.buffer.extend(await pos.reader.fetch(wait_s=wait))
+                if not pos.buffer and (end > state.delivered or time.monotonic() >= deadline):
+                    break
+                continue
+            m = pos.buffer.popleft()
+            end = m.metadata.sequence.stream
+            parts = m.subject.split(".")
+            headers = m.headers or {}
+            if batches.wanted((unescape_token(parts[-2]), unescape_token(parts[-1])) if parts[-2] != "$binlake"
+                              else ("$binlake", parts[-1]), headers, state, pattern):
+                events.append(m.data)
+                rows += int(headers.get("Binlake-Rows", 0))
+        return events, rows, end
+
+    async def ack(self, req: dict[str, Any]) -> dict[str, Any]:
+        client = require(req, "client", str)
+        batch_id = require(req, "batch_id", int)
+        async with self._lock(client):
+            for _ in range(5):
+                state, revision = await self._load(client)
+                new = batches.acked(state, batch_id)
+                try:
+                    await self._save(new, revision)
+                except Conflict:
+                    continue
+                self._acks.inc()
+                return {"acked": new.acked}
+        raise RpcError("conflict", f"client {client!r} keeps changing concurrently")
+
+    async def rollback(self, req: dict[str, Any]) -> dict[str, Any]:
+        client = require(req, "client", str)
+        async with self._lock(client):
+            for _ in range(5):
+                state, revision = await self._load(client)
+                new = state.rolled_back()
+                try:
+                    await self._save(new, revision)
+                except Conflict:
+                    continue
+                return {"acked": new.acked}
+        raise RpcError("conflict", f"client {client!r} keeps changing concurrently")
+
+    async def unsubscribe(self, req: dict[str, Any]) -> dict[str, Any]:
+        client = require(req, "client", str)
+        await self._meta.delete(client_key(self._source, client))
+        pos = self._positions.pop(client, None)
+        if pos is not None:
+            await pos.reader.close()
+        return {}

@@ -1,0 +1,151 @@
+"""Request-reply over NATS with msgpack bodies and explicit, typed errors.
+
+A reply is `{"ok": true, ...}` or `{"ok": false, "code": <code>, "error": <message>}`; the
+codes are stable so clients in any language can branch on them. A handler answers with
+several messages (`{"part": i, "last": bool, ...}`) when a reply would exceed max_payload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgpack
+import nats.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from shared.errors import BinlakeError, NatsUnavailable
+
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+log = structlog.get_logger()
+
+
+class RpcError(BinlakeError):
+    """The service refused a request; `code` says why (bad_request, conflict, not_found, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class BadRequest(RpcError):
+    def __init__(self, message: str) -> None:
+        super().__init__("bad_request", message)
+
+
+def pack(obj: Any) -> bytes:
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def require(req: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    """The field `key` of a request, checked for presence and type (BadRequest otherwise)."""
+    if key not in req:
+        raise BadRequest(f"missing field {key!r}")
+    value = req[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise BadRequest(f"field {key!r} must be {name}, got {type(value).__name__}")
+    return value
+
+
+def split_reply(reply: dict[str, Any], field: str, limit: int) -> list[dict[str, Any]]:
+    """Cut a reply whose `field` list makes it larger than `limit` bytes into parts."""
+    items = reply.get(field)
+    if not isinstance(items, list) or len(pack(reply)) <= limit:
+        return [{**reply, "part": 0, "last": True}]
+    parts: list[dict[str, Any]] = []
+    current: list[Any] = []
+    size = 0
+    for item in items:
+        item_size = len(item) if isinstance(item, (bytes, str)) else len(pack(item))
+        if current and size + item_size > limit:
+            parts.append({field: current})
+            current, size = [], 0
+        current.append(item)
+        size += item_size + 8
+    parts.append({field: current})
+    head = {k: v for k, v in reply.items() if k != field}
+    return [{**head, **p, "part": i, "last": i == len(parts) - 1} for i, p in enumerate(parts)]
+
+
+async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "", split_field: str | None = None,
+                ) -> Subscription:
+    """Answer requests on `subject` with `handler`; errors become `{"ok": false}` replies.
+
+    With `split_field`, a reply larger than the connection's max_payload is sent as several
+    messages, each with `part` and `last`, the list in `split_field` spread over them.
+    """
+    limit = max(1024, nc.max_payload - 64 * 1024) if nc.max_payload else 900 * 1024
+
+    async def on_msg(msg: Msg) -> None:
+        if not msg.reply:
+            return
+        try:
+            try:
+                req = unpack(msg.data) if msg.data else {}
+            except Exception as exc:  # msgpack raises several unrelated types
+                raise BadRequest(f"request is not msgpack: {exc}") from None
+            if not isinstance(req, dict):
+                raise BadRequest("request must be a msgpack map")
+            reply = {"ok": True, **(await handler(req))}
+        except RpcError as exc:
+            reply = {"ok": False, "code": exc.code, "error": str(exc)}
+        except BinlakeError as exc:
+            log.warning("rpc.failed", subject=msg.subject, error=repr(exc))
+            reply = {"ok": False, "code": "unavailable" if exc.retriable else "failed", "error": str(exc)}
+        if split_field is None or not reply.get("ok"):
+            await msg.respond(pack(reply))
+            return
+        for part in split_reply(reply, split_field, limit):
+            await nc.publish(msg.reply, pack(part))
+
+    return await nc.subscribe(subject, queue=queue, cb=on_msg)
+
+
+async def call(nc: NATS, subject: str, req: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+    """Send a request; return the reply or raise RpcError / NatsUnavailable."""
+    try:
+        msg = await nc.request(subject, pack(req), timeout=timeout)
+    except nats.errors.NoRespondersError:
+        raise NatsUnavailable(f"nothing answers on {subject}; is the service running?") from None
+    except (nats.errors.TimeoutError, TimeoutError):
+        raise NatsUnavailable(f"no answer on {subject} within {timeout}s") from None
+    reply = unpack(msg.data)
+    if not reply.get("ok"):
+        raise RpcError(reply.get("code", "failed"), reply.get("error", "request failed"))
+    return dict(reply)
+
+
+async def call_parts(nc: NATS, subject: str, req: dict[str, Any], field: str, timeout: float = 5.0) -> dict[str, Any]:
+    """Like `call` for a reply that may come in several parts; the parts' `field` lists are joined."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, max_msgs=0)
+    try:
+        await nc.publish(subject, pack(req), reply=inbox)
+        merged: dict[str, Any] | None = None
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=timeout)
+            except (nats.errors.TimeoutError, TimeoutError):
+                raise NatsUnavailable(f"no (complete) answer on {subject} within {timeout}s") from None
+            if msg.headers and msg.headers.get("Status") == "503":
+                raise NatsUnavailable(f"nothing answers on {subject}; is the service running?")
+            part = unpack(msg.data)
+            if not part.get("ok"):
+                raise RpcError(part.get("code", "failed"), part.get("error", "request failed"))
+            if merged is None:
+                merged = dict(part)
+            else:
+                merged[field] = list(merged.get(field, [])) + list(part.get(field, []))
+            if part.get("last", True):
+                return merged
+    finally:
+        await sub.unsubscribe()

@@ -1,0 +1,101 @@
+"""Async client of the store's batch protocol (Canal's streaming API over NATS).
+
+```python
+async with await StoreClient.connect("nats://127.0.0.1:4222", client="my-app") as c:
+    await c.subscribe(filter=r"shop\\..*", start="earliest")
+    async for batch in c.batches(max_rows=5000):
+        for event in batch.events:
+            handle(event)              # the DESIGN §4 envelope, decoded
+        await c.ack(batch.id)          # strictly in order; or c.rollback() to get them again
+```
+
+Several `get`s may be outstanding; `ack` must name the oldest unacked batch. A client that
+disconnects without acking gets its unacked batches again after `subscribe`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import msgpack
+from nats.aio.client import Client as NATS
+
+from shared import jetstream
+from shared.rpc import call, call_parts
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch of events; `id` is None for an empty batch (nothing to ack)."""
+
+    id: int | None
+    raw: list[bytes]
+    rows: int
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return [msgpack.unpackb(e, raw=False, strict_map_key=False) for e in self.raw]
+
+
+class StoreClient:
+    def __init__(self, nc: NATS, client: str, *, source: str = "main", prefix: str = "binlake",
+                 timeout_s: float = 10.0, own_connection: bool = False) -> None:
+        self._nc = nc
+        self.client = client
+        self._base = f"{prefix}.store.{source}"
+        self._timeout = timeout_s
+        self._own = own_connection
+
+    @classmethod
+    async def connect(cls, nats_url: str, client: str, **kwargs: Any) -> StoreClient:
+        nc = await jetstream.connect(nats_url, name=f"binlake-client-{client}")
+        return cls(nc, client, own_connection=True, **kwargs)
+
+    async def __aenter__(self) -> StoreClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._own:
+            await self._nc.drain()
+
+    async def _call(self, verb: str, req: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        return await call(self._nc, f"{self._base}.{verb}", {"client": self.client, **req}, timeout or self._timeout)
+
+    async def subscribe(self, filter: str = ".*", start: str | dict[str, Any] = "earliest", *,
+                        reset: bool = False) -> int:
+        """Start (or resume) reading; returns the acked CDC sequence the client continues after.
+
+        `start`: "earliest", "latest", {"timestamp": ms} or {"position": "mysql-bin.000042:1234"};
+        it applies when the client is new or `reset` is set, otherwise the client resumes at its last ack.
+        """
+        reply = await self._call("subscribe", {"filter": filter, "start": start, "reset": reset}, self._timeout * 3)
+        return int(reply["acked"])
+
+    async def get(self, max_rows: int = 1000, max_wait: float = 1.0) -> Batch:
+        reply = await call_parts(self._nc, f"{self._base}.get",
+                                 {"client": self.client, "max_rows": max_rows, "max_wait": max_wait},
+                                 "events", timeout=self._timeout + max_wait)
+        return Batch(reply.get("batch_id"), list(reply.get("events") or []), int(reply.get("rows", 0)))
+
+    async def ack(self, batch_id: int) -> int:
+        return int((await self._call("ack", {"batch_id": batch_id}))["acked"])
+
+    async def rollback(self) -> int:
+        return int((await self._call("rollback", {}))["acked"])
+
+    async def unsubscribe(self) -> None:
+        await self._call("unsubscribe", {})
+
+    async def batches(self, max_rows: int = 1000, max_wait: float = 1.0) -> AsyncIterator[Batch]:
+        """Non-empty batches, forever; the caller acks each one."""
+        while True:
+            batch = await self.get(max_rows, max_wait)
+            if batch.id is not None:
+                yield batch
