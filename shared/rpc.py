@@ -56,32 +56,34 @@ def require(req: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any
     return value
 
 
-def split_reply(reply: dict[str, Any], field: str, limit: int) -> list[dict[str, Any]]:
-    """Cut a reply whose `field` list makes it larger than `limit` bytes into parts."""
-    items = reply.get(field)
+def split_reply(reply: dict[str, Any], fields: tuple[str, ...], limit: int) -> list[dict[str, Any]]:
+    """Cut a reply whose parallel lists `fields` make it larger than `limit` bytes into parts.
+
+    The first field decides the cuts; the others (same length) are cut at the same places.
+    """
+    items = reply.get(fields[0])
     if not isinstance(items, list) or len(pack(reply)) <= limit:
         return [{**reply, "part": 0, "last": True}]
-    parts: list[dict[str, Any]] = []
-    current: list[Any] = []
-    size = 0
-    for item in items:
-        item_size = len(item) if isinstance(item, (bytes, str)) else len(pack(item))
-        if current and size + item_size > limit:
-            parts.append({field: current})
-            current, size = [], 0
-        current.append(item)
-        size += item_size + 8
-    parts.append({field: current})
-    head = {k: v for k, v in reply.items() if k != field}
-    return [{**head, **p, "part": i, "last": i == len(parts) - 1} for i, p in enumerate(parts)]
+    cuts: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for i, item in enumerate(items):
+        item_size = (len(item) if isinstance(item, (bytes, str)) else len(pack(item))) + 16
+        if i > start and size + item_size > limit:
+            cuts.append((start, i))
+            start, size = i, 0
+        size += item_size
+    cuts.append((start, len(items)))
+    head = {k: v for k, v in reply.items() if k not in fields}
+    return [{**head, **{f: reply[f][a:b] for f in fields if isinstance(reply.get(f), list)}, "part": n,
+             "last": n == len(cuts) - 1} for n, (a, b) in enumerate(cuts)]
 
 
-async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "", split_field: str | None = None,
-                ) -> Subscription:
+async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
+                split_fields: tuple[str, ...] = ()) -> Subscription:
     """Answer requests on `subject` with `handler`; errors become `{"ok": false}` replies.
 
-    With `split_field`, a reply larger than the connection's max_payload is sent as several
-    messages, each with `part` and `last`, the list in `split_field` spread over them.
+    With `split_fields`, a reply larger than the connection's max_payload is sent as several
+    messages, each with `part` and `last`, the lists in `split_fields` spread over them.
     """
     limit = max(1024, nc.max_payload - 64 * 1024) if nc.max_payload else 900 * 1024
 
@@ -101,10 +103,10 @@ async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "", split
         except BinlakeError as exc:
             log.warning("rpc.failed", subject=msg.subject, error=repr(exc))
             reply = {"ok": False, "code": "unavailable" if exc.retriable else "failed", "error": str(exc)}
-        if split_field is None or not reply.get("ok"):
+        if not split_fields or not reply.get("ok"):
             await msg.respond(pack(reply))
             return
-        for part in split_reply(reply, split_field, limit):
+        for part in split_reply(reply, split_fields, limit):
             await nc.publish(msg.reply, pack(part))
 
     return await nc.subscribe(subject, queue=queue, cb=on_msg)
@@ -124,8 +126,9 @@ async def call(nc: NATS, subject: str, req: dict[str, Any], timeout: float = 5.0
     return dict(reply)
 
 
-async def call_parts(nc: NATS, subject: str, req: dict[str, Any], field: str, timeout: float = 5.0) -> dict[str, Any]:
-    """Like `call` for a reply that may come in several parts; the parts' `field` lists are joined."""
+async def call_parts(nc: NATS, subject: str, req: dict[str, Any], fields: tuple[str, ...],
+                     timeout: float = 5.0) -> dict[str, Any]:
+    """Like `call` for a reply that may come in several parts; the parts' `fields` lists are joined."""
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, max_msgs=0)
     try:
@@ -144,7 +147,8 @@ async def call_parts(nc: NATS, subject: str, req: dict[str, Any], field: str, ti
             if merged is None:
                 merged = dict(part)
             else:
-                merged[field] = list(merged.get(field, [])) + list(part.get(field, []))
+                for field in fields:
+                    merged[field] = list(merged.get(field, [])) + list(part.get(field, []))
             if part.get("last", True):
                 return merged
     finally:

@@ -34,6 +34,7 @@ class Batch:
     id: int | None
     raw: list[bytes]
     rows: int
+    seqs: list[int]  # the BINLAKE_CDC sequence of each event
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -81,8 +82,9 @@ class StoreClient:
     async def get(self, max_rows: int = 1000, max_wait: float = 1.0) -> Batch:
         reply = await call_parts(self._nc, f"{self._base}.get",
                                  {"client": self.client, "max_rows": max_rows, "max_wait": max_wait},
-                                 "events", timeout=self._timeout + max_wait)
-        return Batch(reply.get("batch_id"), list(reply.get("events") or []), int(reply.get("rows", 0)))
+                                 ("events", "seqs"), timeout=self._timeout + max_wait)
+        return Batch(reply.get("batch_id"), list(reply.get("events") or []), int(reply.get("rows", 0)),
+                     [int(s) for s in reply.get("seqs") or []])
 
     async def ack(self, batch_id: int) -> int:
         return int((await self._call("ack", {"batch_id": batch_id}))["acked"])

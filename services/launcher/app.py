@@ -51,7 +51,11 @@ def child_env(cfg: LauncherConfig, nats_url: str, source_url: str) -> dict[str, 
 
 def services(cfg: LauncherConfig, env: dict[str, str]) -> list[Child]:
     """The child processes, in start order (more join as their services land)."""
-    children = [Child("parser", "services.parser", {**env, "BINLAKE_INSTANCE": "up-parser"}, color=0)]
+    children = [
+        Child("meta", "services.meta", env, color=4),
+        Child("store", "services.store", env, color=5),
+        Child("parser", "services.parser", {**env, "BINLAKE_INSTANCE": "up-parser"}, color=0),
+    ]
     for i in range(1, cfg.sinks + 1):
         children.append(Child(f"sink-{i}", "services.sink", {**env, "BINLAKE_INSTANCE": f"up-sink-{i}"}, color=i))
     return children

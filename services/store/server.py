@@ -68,7 +68,7 @@ class StoreServer:
                               ("unsubscribe", self.unsubscribe)):
             self._subs.append(await serve(self._nc, f"{base}.{verb}", self._counted(handler), queue="store"))
         self._subs.append(await serve(self._nc, f"{base}.get", self._counted(self.get), queue="store",
-                                      split_field="events"))
+                                      split_fields=("events", "seqs")))
 
     async def stop(self) -> None:
         for sub in self._subs:
@@ -151,9 +151,9 @@ class StoreServer:
         async with self._lock(client):
             for _ in range(5):
                 state, revision = await self._load(client)
-                events, rows, end = await self._read(state, max_rows, max_wait)
+                events, seqs, rows, end = await self._read(state, max_rows, max_wait)
                 if end == state.delivered:
-                    return {"batch_id": None, "events": [], "rows": 0}
+                    return {"batch_id": None, "events": [], "seqs": [], "rows": 0}
                 if not events and not state.batches:
                     new = ClientState(state.client, state.filter, end, end, (), state.min_ts, state.min_scn,
                                       state.epoch)
@@ -168,11 +168,12 @@ class StoreServer:
                 if batch_id is not None:
                     self._batches.inc()
                     self._rows.inc(rows)
-                return {"batch_id": batch_id, "events": events, "rows": rows}
+                return {"batch_id": batch_id, "events": events, "seqs": seqs, "rows": rows}
         raise RpcError("conflict", f"client {client!r} keeps changing concurrently")
 
-    async def _read(self, state: ClientState, max_rows: int, max_wait: float) -> tuple[list[bytes], int, int]:
-        """Events after `state.delivered` for this client: (raw envelopes, rows, last sequence examined)."""
+    async def _read(self, state: ClientState, max_rows: int,
+                    max_wait: float) -> tuple[list[bytes], list[int], int, int]:
+        """Events after `state.delivered` for this client: (envelopes, their CDC sequences, rows, last examined)."""
         pos = self._positions.get(state.client)
         if pos is None or pos.next_seq != state.delivered + 1:
             if pos is not None:
@@ -182,6 +183,7 @@ class StoreServer:
             pos = self._positions[state.client] = _Position(reader)
         pattern = batches.compile_filter(state.filter)
         events: list[bytes] = []
+        seqs: list[int] = []
         rows = 0
         end = state.delivered
         deadline = time.monotonic() + max_wait
@@ -199,8 +201,9 @@ class StoreServer:
             if batches.wanted((unescape_token(parts[-2]), unescape_token(parts[-1])) if parts[-2] != "$binlake"
                               else ("$binlake", parts[-1]), headers, state, pattern):
                 events.append(m.data)
+                seqs.append(end)
                 rows += int(headers.get("Binlake-Rows", 0))
-        return events, rows, end
+        return events, seqs, rows, end
 
     async def ack(self, req: dict[str, Any]) -> dict[str, Any]:
         client = require(req, "client", str)
