@@ -10,6 +10,8 @@ COMMANDS = {
     "parser": ("services.parser.__main__", "main", "read the binlog into BINLAKE_RAW"),
     "meta": ("services.meta.__main__", "main", "cursors, rewind and schema history (--backend kv|mysql)"),
     "store": ("services.store.__main__", "main", "serve get/ack/rollback batches of BINLAKE_CDC to clients"),
+    "loader": ("services.loader.__main__", "main", "load BINLAKE_CDC into Spark lake tables (--master ...)"),
+    "verify": ("services.loader.verify", "main", "compare source tables with their lake snapshots"),
     "sink": ("services.sink.__main__", "main", "route BINLAKE_RAW to per-table subjects in BINLAKE_CDC"),
 }
 

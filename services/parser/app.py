@@ -26,7 +26,7 @@ from shared import jetstream
 from shared.actor import Latest, run_all, supervise_call
 from shared.bridge import ThreadBridge
 from shared.errors import BinlogPurged, LeaseLost, SourceUnavailable
-from shared.lease import Lease
+from shared.lease import Lease, bucket_ttl
 from shared.metrics import Registry, serve
 from shared.subjects import Names
 
@@ -117,7 +117,7 @@ async def main(cfg: ParserConfig) -> None:
     try:
         leases = await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=cfg.lease_ttl_s)
         cursors = await jetstream.ensure_kv(js, names.cursors_bucket, history=16)
-        lease = Lease(leases, f"parser.{cfg.source}", cfg.instance, cfg.lease_ttl_s)
+        lease = Lease(leases, f"parser.{cfg.source}", cfg.instance, await bucket_ttl(leases, cfg.lease_ttl_s))
 
         async def lead() -> None:
             while True:

@@ -189,10 +189,11 @@ class StoreServer:
         deadline = time.monotonic() + max_wait
         while rows < max_rows:
             if not pos.buffer:
-                wait = 0.02 if end > state.delivered else max(0.01, deadline - time.monotonic())
-                pos.buffer.extend(await pos.reader.fetch(wait_s=wait))
-                if not pos.buffer and (end > state.delivered or time.monotonic() >= deadline):
+                # Wait up to max_wait for the batch to fill (Canal's get(batchSize, timeout)).
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     break
+                pos.buffer.extend(await pos.reader.fetch(wait_s=max(0.01, remaining)))
                 continue
             m = pos.buffer.popleft()
             end = m.metadata.sequence.stream

@@ -1,0 +1,91 @@
+"""Pure: DESIGN §4 envelope values -> Arrow arrays with the lake's Spark types.
+
+| MySQL | Arrow (-> Spark) |
+|---|---|
+| TINYINT..BIGINT | int8..int64 (unsigned widen: tinyint->int16, smallint->int32, int->int64) |
+| BIGINT UNSIGNED, BIT(64) | decimal(20,0) |
+| DECIMAL(p,s) | decimal(p,s); p > 38 -> string |
+| FLOAT / DOUBLE | float32 / float64 |
+| DATE | date32 |
+| DATETIME(fsp) | timestamp[us] -> timestamp_ntz |
+| TIMESTAMP(fsp) | timestamp[us, UTC] -> timestamp (UTC session) |
+| TIME, CHAR/VARCHAR/TEXT, ENUM, JSON | string |
+| YEAR | int32 |
+| BIT(n<64) | int64 |
+| BINARY/VARBINARY/BLOB, GEOMETRY | binary |
+| SET | list<string> -> array<string> |
+
+Conversion is columnar: a column of ISO strings is cast by Arrow in one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_INTS = {"tinyint": (pa.int8(), pa.int16()), "smallint": (pa.int16(), pa.int32()),
+         "mediumint": (pa.int32(), pa.int32()), "int": (pa.int32(), pa.int64())}
+_STRINGS = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "json", "time"}
+_BINARY = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "geometry"}
+
+
+def arrow_type(col: dict[str, Any]) -> pa.DataType:
+    """The Arrow type of an envelope schema column."""
+    t = col["type"]
+    unsigned = bool(col.get("unsigned"))
+    if t in _INTS:
+        return _INTS[t][1 if unsigned else 0]
+    if t == "bigint":
+        return pa.decimal128(20, 0) if unsigned else pa.int64()
+    if t == "decimal":
+        p, s = int(col.get("precision", 10)), int(col.get("scale", 0))
+        return pa.decimal128(p, s) if p <= 38 else pa.string()
+    if t == "float":
+        return pa.float32()
+    if t == "double":
+        return pa.float64()
+    if t == "date":
+        return pa.date32()
+    if t == "datetime":
+        return pa.timestamp("us")
+    if t == "timestamp":
+        return pa.timestamp("us", tz="UTC")
+    if t == "year":
+        return pa.int32()
+    if t == "bit":
+        return pa.decimal128(20, 0) if int(col.get("length", 1)) >= 64 else pa.int64()
+    if t == "set":
+        return pa.list_(pa.string())
+    if t in _BINARY:
+        return pa.binary()
+    return pa.string()  # char/varchar/text/enum/json/time and anything unknown
+
+
+def to_array(values: Sequence[Any], col: dict[str, Any]) -> pa.Array:
+    """Build the Arrow array of one column from its envelope values."""
+    target = arrow_type(col)
+    if pa.types.is_decimal(target) or pa.types.is_date(target) or pa.types.is_timestamp(target):
+        text = pa.array([None if v is None else str(v) for v in values], pa.string())
+        if pa.types.is_timestamp(target) and target.tz is not None:
+            text = pc.replace_substring(text, "Z", "")  # the instant is UTC either way
+            return pc.cast(pc.cast(text, pa.timestamp("us")), target)
+        return pc.cast(text, target)
+    return pa.array(values, target)
+
+
+def spark_type(col: dict[str, Any]) -> str:
+    """The Spark SQL type of a column (DATETIME is timestamp_ntz, which Arrow cannot say)."""
+    if col["type"] == "datetime":
+        return "timestamp_ntz"
+    t = arrow_type(col)
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    simple = {pa.int8(): "tinyint", pa.int16(): "smallint", pa.int32(): "int", pa.int64(): "bigint",
+              pa.float32(): "float", pa.float64(): "double", pa.date32(): "date", pa.string(): "string",
+              pa.binary(): "binary", pa.list_(pa.string()): "array<string>"}
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    return simple.get(t, "string")
