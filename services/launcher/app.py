@@ -42,10 +42,11 @@ def remember_ports(data: Path, **ports: int) -> None:
     _ports_file(data).write_text(json.dumps(ports))
 
 
-def child_env(cfg: LauncherConfig, nats_url: str, source_url: str) -> dict[str, str]:
+def child_env(cfg: LauncherConfig, data: Path, nats_url: str, source_url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
     env.update(BINLAKE_NATS_URL=nats_url, BINLAKE_SOURCE_URL=source_url, BINLAKE_SOURCE=cfg.source,
-               BINLAKE_PREFIX=cfg.prefix, BINLAKE_LOG_LEVEL=cfg.log_level, BINLAKE_METRICS_PORT="0")
+               BINLAKE_PREFIX=cfg.prefix, BINLAKE_LOG_LEVEL=cfg.log_level, BINLAKE_METRICS_PORT="0",
+               BINLAKE_DATA_DIR=str(data), BINLAKE_FLUSH_S="2")
     return env
 
 
@@ -58,6 +59,7 @@ def services(cfg: LauncherConfig, env: dict[str, str]) -> list[Child]:
     ]
     for i in range(1, cfg.sinks + 1):
         children.append(Child(f"sink-{i}", "services.sink", {**env, "BINLAKE_INSTANCE": f"up-sink-{i}"}, color=i))
+    children.append(Child("loader", "services.loader", {**env, "BINLAKE_INSTANCE": "up-loader"}, color=3))
     return children
 
 
@@ -90,7 +92,7 @@ async def main(cfg: LauncherConfig) -> None:
             source_url = mariadb.dsn()
         remember_ports(data, nats=nats.port, **({"mariadb": mariadb.port} if mariadb else {}))
         print(banner(cfg, data, nats, source_url), flush=True)
-        children = services(cfg, child_env(cfg, nats.url, source_url))
+        children = services(cfg, child_env(cfg, data, nats.url, source_url))
         await run_all([c.run for c in children])
     finally:
         if mariadb is not None:
