@@ -11,6 +11,9 @@ COMMANDS = {
     "meta": ("services.meta.__main__", "main", "cursors, rewind and schema history (--backend kv|mysql)"),
     "store": ("services.store.__main__", "main", "serve get/ack/rollback batches of BINLAKE_CDC to clients"),
     "loader": ("services.loader.__main__", "main", "load BINLAKE_CDC into Spark lake tables (--master ...)"),
+    "status": ("services.ops.status", "main", "positions, lag, partition owners, clients, stream sizes"),
+    "tail": ("services.ops.tail", "main", "print a table's change events as JSON lines"),
+    "rewind": ("services.ops.rewind", "main", "move a client back to a timestamp or binlog position"),
     "verify": ("services.loader.verify", "main", "compare source tables with their lake snapshots"),
     "sink": ("services.sink.__main__", "main", "route BINLAKE_RAW to per-table subjects in BINLAKE_CDC"),
 }

@@ -18,6 +18,12 @@ from nats.js.kv import KeyValue
 from shared.errors import LeaseLost
 
 
+async def bucket_ttl(kv: KeyValue, default_s: float) -> float:
+    """The TTL the bucket really has (its first creator chose it), which renewals must beat."""
+    ttl = (await kv.status()).ttl
+    return float(ttl) if ttl else default_s
+
+
 class Lease:
     def __init__(self, kv: KeyValue, key: str, owner: str, ttl_s: float) -> None:
         self._kv = kv

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import structlog
 
-from services.sink.assignment import owned
 from services.sink.partition import PartitionHalted, PartitionWorker
 from shared.actor import Latest, RestartPolicy, supervise_call
+from shared.assignment import owned
 from shared.metrics import Registry
 
 

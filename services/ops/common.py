@@ -1,0 +1,37 @@
+"""What every operator command needs: where NATS is, and one clear line when it is not there."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from shared.errors import BinlakeError
+
+T = TypeVar("T")
+
+
+def nats_url() -> str:
+    """BINLAKE_NATS_URL, else the NATS of a local `binlake up` (its data dir), else the default."""
+    if "BINLAKE_NATS_URL" in os.environ:
+        return os.environ["BINLAKE_NATS_URL"]
+    ports = Path(os.environ.get("BINLAKE_DATA_DIR", ".binlake")) / "ports.json"
+    try:
+        return f"nats://127.0.0.1:{json.loads(ports.read_text())['nats']}"
+    except (OSError, ValueError, KeyError):
+        return "nats://127.0.0.1:4222"
+
+
+def run(command: str, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    import asyncio
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except BinlakeError as exc:
+        print(f"binlake {command}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
