@@ -51,11 +51,11 @@ class OrderedReader:
         sub = self._sub or await self._open()
         try:
             msgs = await sub.fetch(self._batch, timeout=wait_s)
-        except nats.errors.TimeoutError:
-            return []
-        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+        except (nats.errors.TimeoutError, TimeoutError):
+            return []  # nothing new within wait_s
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
             self.log.warning("reader.reopen", error=repr(exc), next_seq=self.next_seq)
-            self._sub = None
+            await self.close()
             return []
         out = []
         for m in msgs:

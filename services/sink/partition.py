@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -129,6 +130,7 @@ class PartitionWorker:
         env = envelope.decode(m.data)
         db, table = env.get("db"), env.get("table")
         data = m.data
+        shaped: dict[str, Any] | None = env
         if table is not None and env["op"] != "hb":
             allowed, table_rules = self._rules_for(db or "", table)
             if not allowed:
@@ -138,9 +140,12 @@ class PartitionWorker:
             if shaped is None:
                 self._filtered.inc(partition=self._p)
                 return None
-            if shaped is not env:
-                data = envelope.encode(shaped)
         headers = {k: v for k, v in (m.headers or {}).items() if k not in DROPPED_HEADERS}
+        if shaped is not env and shaped is not None:
+            data = envelope.encode(shaped)
+            schema_id = envelope.schema_id_of(shaped)
+            if schema_id:
+                headers["Binlake-Schema"] = schema_id
         return _Out(self._names.cdc_from_raw_stored(m.subject), data, headers, seq)
 
     def _rules_for(self, db: str, table: str) -> tuple[bool, TableRules]:

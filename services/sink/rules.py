@@ -18,6 +18,9 @@ from typing import Any
 from shared.errors import ConfigError
 
 ROW_OPS = frozenset({"i", "u", "d", "r"})
+# Types whose values stay of the same kind when truncated (strings or bytes).
+_TRUNCATABLE = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "binary", "varbinary",
+                          "tinyblob", "blob", "mediumblob", "longblob"})
 MASK_METHODS = ("hash", "truncate", "replace")
 
 
@@ -29,6 +32,8 @@ class Mask:
     @classmethod
     def parse(cls, spec: str, where: str) -> Mask:
         method, _, arg = spec.partition(":")
+        if method == "hash" and arg:
+            raise ConfigError(f"mask {where} = {spec!r}: hash takes no argument (it is salted sha256)")
         if method not in MASK_METHODS:
             raise ConfigError(f"mask {where} = {spec!r}: method must be one of {', '.join(MASK_METHODS)}")
         if method == "truncate" and not arg.isdigit():
@@ -89,6 +94,9 @@ class Rules:
               columns_exclude: Mapping[str, Sequence[str]] | None = None,
               masks: Mapping[str, Mapping[str, str]] | None = None, salt: str = "") -> Rules:
         """Validate configuration values and build the rules; raises ConfigError naming the bad value."""
+        columns_include = _column_lists(columns_include, "columns_include")
+        columns_exclude = _column_lists(columns_exclude, "columns_exclude")
+        masks = _mask_specs(masks)
         bad_ops = set(skip_ops) - ROW_OPS
         if bad_ops:
             raise ConfigError(f"skip_ops may only name row operations {sorted(ROW_OPS)}, got {sorted(bad_ops)}")
@@ -146,6 +154,30 @@ class Rules:
         return out
 
 
+def _column_lists(value: Mapping[str, Sequence[str]] | None, what: str) -> dict[str, list[str]]:
+    """Check `{"db.table": ["col", ...]}`; a lone string is one column, not its letters."""
+    out: dict[str, list[str]] = {}
+    for table, cols in (value or {}).items():
+        if isinstance(cols, str):
+            cols = [cols]
+        if not isinstance(cols, (list, tuple)) or not all(isinstance(c, str) for c in cols):
+            raise ConfigError(f"{what}[{table!r}] must be a list of column names, got {cols!r}")
+        out[str(table)] = list(cols)
+    return out
+
+
+def _mask_specs(value: Mapping[str, Mapping[str, str]] | None) -> dict[str, dict[str, str]]:
+    """Check `{"db.table": {"col": "hash" | "truncate:N" | "replace:TEXT"}}`."""
+    if value is not None and not isinstance(value, Mapping):
+        raise ConfigError(f"masks must map db.table to {{column: method}}, got {value!r}")
+    out: dict[str, dict[str, str]] = {}
+    for table, cols in (value or {}).items():
+        if not isinstance(cols, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in cols.items()):
+            raise ConfigError(f"masks[{table!r}] must map column names to methods like 'hash', got {cols!r}")
+        out[str(table)] = dict(cols)
+    return out
+
+
 def _kept_columns(env: dict[str, Any], rules: TableRules, pk: set[str]) -> frozenset[str] | None:
     if rules.include is None and not rules.exclude:
         return None
@@ -176,8 +208,7 @@ def _reshape_schema(schema: dict[str, Any], keep: frozenset[str] | None, masks: 
         mask = masks.get(col["name"])
         if mask is not None:
             col = {**col, "masked": mask.method}
-            if mask.method != "truncate" or col["type"] not in ("char", "varchar", "text", "tinytext", "mediumtext",
-                                                                   "longtext", "binary", "varbinary", "blob"):
+            if mask.method != "truncate" or col["type"] not in _TRUNCATABLE:
                 col = {k: v for k, v in col.items() if k not in ("precision", "scale", "fsp", "unsigned", "values")}
                 col["type"] = "varchar"
         columns.append(col)
