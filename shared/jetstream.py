@@ -41,19 +41,26 @@ async def connect(url: str, name: str, *, connect_timeout: float = 5.0, first_co
     async def on_error(exc: Exception) -> None:
         log.warning("nats.error", error=repr(exc))
 
+    holder: list[NATS] = []
+
     async def on_disconnected() -> None:
+        nc = holder[0] if holder else None
+        if nc is not None and (nc.is_closed or nc.is_draining):
+            return  # our own close, not an outage
         log.warning("nats.disconnected", url=redact(url))
 
     async def on_reconnected() -> None:
         log.info("nats.reconnected", url=redact(url))
 
     try:
-        return await asyncio.wait_for(nats.connect(
+        nc = await asyncio.wait_for(nats.connect(
             url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
             reconnect_time_wait=0.5, ping_interval=10, max_outstanding_pings=3,
             allow_reconnect=True, error_cb=on_error, disconnected_cb=on_disconnected,
             reconnected_cb=on_reconnected,
         ), first_connect_s)
+        holder.append(nc)
+        return nc
     except (OSError, nats.errors.Error, TimeoutError) as exc:
         raise NatsUnavailable(f"cannot reach NATS at {redact(url)} ({exc!r}); start nats-server -js or fix the URL") \
             from exc

@@ -11,7 +11,7 @@ remove it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,13 +47,13 @@ class Segment:
     values: dict[str, list[Any]] = field(default_factory=dict)
     prev_keys: dict[str, list[Any]] = field(default_factory=dict)
 
-    def to_arrow(self, pk: Sequence[str]) -> pa.Table:
+    def to_arrow(self) -> pa.Table:
         arrays = [pa.array(self.book[f.name], f.type) for f in BOOKKEEPING]
         names = [f.name for f in BOOKKEEPING]
         for col in self.columns:
             arrays.append(to_array(self.values[col["name"]], col))
             names.append(col["name"])
-        for name in pk:
+        for name in self.prev_keys:  # this segment's own key (a batch may hold a primary key change)
             col = next(c for c in self.columns if c["name"] == name)
             arrays.append(to_array(self.prev_keys[name], col))
             names.append(PREV_KEY + name)
@@ -76,7 +76,7 @@ class TableChanges:
         return sum(len(s.book["_op"]) for _, s in self.segments)
 
     def arrow_segments(self) -> list[pa.Table]:
-        return [seg.to_arrow(self.pk) for _, seg in self.segments]
+        return [seg.to_arrow() for _, seg in self.segments]
 
 
 def _segment(changes: TableChanges, schema: dict[str, Any]) -> Segment:

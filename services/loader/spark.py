@@ -26,6 +26,9 @@ def session(app: str, master: str, data_dir: str, warehouse: str, extra: Mapping
                .config("spark.sql.shuffle.partitions", "4")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.sources.partitionOverwriteMode", "static")
+               # The Hive metastore's partition filter parser refuses names that start with '_'
+               # (`_batch`, `_version`): prune partitions in Spark, or every view query fails.
+               .config("spark.sql.hive.metastorePartitionPruning", "false")
                .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"))
     for key, value in (extra or {}).items():
         builder = builder.config(key, value)

@@ -28,6 +28,9 @@ def nats_url() -> str:
 def run(command: str, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     import asyncio
 
+    from shared.logging import configure
+
+    configure("cli", level="warning", json=False)
     try:
         return asyncio.run(main())
     except KeyboardInterrupt:

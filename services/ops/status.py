@@ -52,7 +52,8 @@ async def collect(url: str, prefix: str, source: str, partitions: int) -> dict[s
         cursors = await _kv(js, names.cursors_bucket)
         leases = await _kv(js, names.leases_bucket)
         members = sorted(k for k in (await _kv(js, names.members_bucket)) if k.startswith(f"sink.{source}."))
-        owners = {p: m for m in members for p in owned(members, m, partitions)}
+        short = {m: m[len(f"sink.{source}."):] for m in members}
+        owners = {p: short[m] for m in members for p in owned(members, m, partitions)}
         parser = cursors.get(f"parser.{source}")
         now = int(time.time() * 1000)
         return {

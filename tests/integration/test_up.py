@@ -1,0 +1,121 @@
+"""`binlake up` end to end: one command runs the stack; Ctrl-C stops it; a restart continues."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pymysql
+import pytest
+
+from tests.integration.support import ROOT, wait_until
+
+
+def _env(data: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env["BINLAKE_DATA_DIR"] = str(data)
+    return env
+
+
+def _children(pid: int) -> set[int]:
+    """Every live descendant of `pid`."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True, check=True).stdout
+    parents: dict[int, list[int]] = {}
+    for line in out.splitlines():
+        child, parent = (int(x) for x in line.split())
+        parents.setdefault(parent, []).append(child)
+    found, todo = set(), [pid]
+    while todo:
+        for c in parents.get(todo.pop(), []):
+            found.add(c)
+            todo.append(c)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def _start(data: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "services.launcher"], cwd=ROOT, env=_env(data),
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def _mysql(data: Path) -> pymysql.Connection:
+    port = json.loads((data / "ports.json").read_text())["mariadb"]
+    return pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True)
+
+
+def _cli(data: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = _env(data)
+    port = json.loads((data / "ports.json").read_text())["mariadb"]
+    env["BINLAKE_SOURCE_URL"] = f"mysql://root@127.0.0.1:{port}"
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _verified(data: Path, table: str) -> bool:
+    result = _cli(data, "verify", table)
+    return result.returncode == 0 and f"OK    {table}" in result.stdout
+
+
+@pytest.mark.timeout(900)
+def test_up_runs_the_stack_stops_on_sigint_and_continues(tmp_path):
+    data = tmp_path / "binlake"
+    log = tmp_path / "up.log"
+    up = _start(data, log)
+    try:
+        wait_until(lambda: "binlake is up" in log.read_text() or up.poll() is not None, 120, "the banner")
+        assert up.poll() is None, log.read_text()
+        wait_until(lambda: '"lease.acquired"' in log.read_text(), 60, "the parser to start")
+        conn = _mysql(data)
+        with conn.cursor() as cur:
+            cur.execute("CREATE DATABASE demo")
+            cur.execute("CREATE TABLE demo.items (id INT PRIMARY KEY, name VARCHAR(20), price DECIMAL(8,2))")
+            cur.executemany("INSERT INTO demo.items VALUES (%s, %s, %s)",
+                            [(i, f"item {i}", i * 1.5) for i in range(100)])
+        wait_until(lambda: _verified(data, "demo.items"), 600, "demo.items in the lake", interval=5)
+
+        status = _cli(data, "status", timeout=60)
+        assert status.returncode == 0, status.stderr
+        assert "parser    mysql-bin." in status.stdout and "BINLAKE_CDC:" in status.stdout
+        assert "owner=up-sink-" in status.stdout and "loader: acked=" in status.stdout
+        tail = _cli(data, "tail", "demo.items", "--no-follow", "-n", "3", timeout=60)
+        assert tail.returncode == 0, tail.stderr
+        events = [json.loads(line) for line in tail.stdout.splitlines()]
+        assert [e["op"] for e in events] == ["ddl", "i"]  # executemany sends one multi-row INSERT
+        assert events[1]["rows"][0]["after"] == {"id": 0, "name": "item 0", "price": "0.00"}
+
+        children = _children(up.pid)
+        assert len(children) >= 7  # nats, mariadb, meta, store, parser, 2 sinks, loader (+ their JVM)
+        up.send_signal(signal.SIGINT)
+        assert up.wait(120) == 0, log.read_text()[-3000:]
+        time.sleep(1)
+        assert [p for p in children if _alive(p)] == [], "every child must be gone"
+
+        up = _start(data, log)  # the second run continues where the first stopped
+        wait_until(lambda: log.read_text().count("binlake is up") == 2, 120, "the second banner")
+        conn = _mysql(data)
+        with conn.cursor() as cur:
+            cur.execute("UPDATE demo.items SET price = price * 2 WHERE id < 50")
+            cur.execute("DELETE FROM demo.items WHERE id >= 90")
+            cur.execute("INSERT INTO demo.items VALUES (1000, 'new', 1.00)")
+        wait_until(lambda: _verified(data, "demo.items"), 600, "the changes of the second run", interval=5)
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(120)
+            except subprocess.TimeoutExpired:
+                up.kill()
