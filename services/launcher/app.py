@@ -93,7 +93,12 @@ async def main(cfg: LauncherConfig) -> None:
         remember_ports(data, nats=nats.port, **({"mariadb": mariadb.port} if mariadb else {}))
         print(banner(cfg, data, nats, source_url), flush=True)
         children = services(cfg, child_env(cfg, data, nats.url, source_url))
-        await run_all([c.run for c in children])
+        tasks = [c.run for c in children]
+        if cfg.demo:
+            from services.launcher import demo
+
+            tasks.append(lambda: demo.run(source_url, data / "warehouse"))
+        await run_all(tasks)
     finally:
         if mariadb is not None:
             await loop.run_in_executor(None, mariadb.stop)

@@ -17,6 +17,7 @@ class LauncherConfig:
     mariadb_port: int = 3306
     prefix: str = "binlake"
     sinks: int = 2
+    demo: bool = False  # also run a sample workload and print the lake table as it changes
     log_level: str = "info"
 
     @classmethod

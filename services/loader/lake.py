@@ -97,8 +97,7 @@ class Lake:
     def open(self) -> int:
         """Create the database, read the commit pointer, drop whatever a crash left above it."""
         self.spark.sql(f"CREATE DATABASE IF NOT EXISTS `{self.db}`")
-        text = self._read_text(COMMIT_FILE)
-        self.committed = int(json.loads(text)["seq"]) if text else 0
+        self.committed = self._read_commit()
         self._set_commit_view(self.committed)
         for row in self.spark.sql(f"SHOW TABLES IN `{self.db}`").collect():
             name = str(row.tableName)
@@ -106,12 +105,33 @@ class Lake:
                 self._recover(name[: -len("__snapshot_all")])
         return self.committed
 
+    def _read_commit(self) -> int:
+        text = self._read_text(COMMIT_FILE)
+        if text is not None:
+            return int(json.loads(text)["seq"])
+        # A kill between `_write_atomic` deleting the old pointer and renaming the new one
+        # leaves the new one, complete, in the .tmp file (a .tmp cut short while being written
+        # still has its old pointer beside it, unless it was the very first commit).
+        text = self._read_text(COMMIT_FILE + ".tmp")
+        try:
+            return int(json.loads(text)["seq"]) if text else 0
+        except (ValueError, KeyError, TypeError):
+            return 0
+
     def _recover(self, name: str) -> None:
         versions = self._partitions(f"{name}__snapshot_all", "_version")
         for kind, column in (("snapshot", "_version"), ("changelog", "_batch")):
             for value in self._partitions(f"{name}__{kind}_all", column):
                 if value > self.committed:
                     self._drop_partition(name, kind, column, value)
+            # Folders written but not registered yet when the crash came (file readers see them).
+            folder = self._path(name, kind)
+            if self._fs.exists(folder):
+                for status in self._fs.listStatus(folder):
+                    part = str(status.getPath().getName())
+                    value_text = part[len(column) + 1:]
+                    if part.startswith(column + "=") and value_text.isdigit() and int(value_text) > self.committed:
+                        self._fs.delete(status.getPath(), True)
         columns = {f.name: f.dataType.simpleString() for f in self.spark.table(f"`{self.db}`.`{name}__snapshot_all`")
                    .schema.fields if f.name != "_version"}
         self._tables[name] = _Table(name, sorted(v for v in versions if v <= self.committed), columns)
