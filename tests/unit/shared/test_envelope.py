@@ -111,6 +111,8 @@ def test_headers():
         "Binlake-Table": "shop.orders",
         "Binlake-Pos": "mysql-bin.000002:120 0-1-5",
         "Binlake-Rows": "1",
+        "Binlake-Scn": str(fields()["scn"]),
+        "Binlake-Ts": str(fields()["ts"]),
     }
 
 
