@@ -11,13 +11,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import socket
 import tomllib
 import types
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from shared.actor import RestartPolicy
 from shared.errors import ConfigError
 
 C = TypeVar("C")
@@ -101,3 +105,38 @@ def load(cls: type[C], section: str, env: Mapping[str, str] | None = None) -> C:
         return cls(**values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid {section} configuration: {exc}") from None
+
+
+def default_instance() -> str:
+    """`<hostname>-<pid>`: unique per running process (lease and membership owner name)."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+_SOURCE_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceConfig:
+    """Settings every service has; each service's config extends it."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    prefix: str = "binlake"
+    source: str = "main"
+    instance: str = field(default_factory=default_instance)
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 0  # 0 picks a free port; -1 disables
+    max_restarts: int = 8
+    restart_window_s: float = 120.0
+    restart_base_delay_s: float = 0.5
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not _SOURCE_NAME.fullmatch(self.source):
+            raise ConfigError(f"BINLAKE_SOURCE must be letters, digits, '_' or '-', got {self.source!r}")
+        if not _SOURCE_NAME.fullmatch(self.prefix):
+            raise ConfigError(f"BINLAKE_PREFIX must be letters, digits, '_' or '-', got {self.prefix!r}")
+
+    @property
+    def restart(self) -> RestartPolicy:
+        return RestartPolicy(max_restarts=self.max_restarts, window_s=self.restart_window_s,
+                             base_delay_s=self.restart_base_delay_s)

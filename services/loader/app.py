@@ -9,7 +9,6 @@ ack together make every change land exactly once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import msgpack
@@ -23,7 +22,8 @@ from services.loader.spark import session
 from shared import jetstream
 from shared.actor import run_all, supervise_call
 from shared.lease import Lease, bucket_ttl
-from shared.metrics import Registry, serve
+from shared.metrics import Registry
+from shared.service import runtime
 from shared.store_client import Batch, StoreClient
 from shared.subjects import Names
 
@@ -76,15 +76,11 @@ class Loader:
 async def main(cfg: LoaderConfig) -> None:
     registry = Registry()
     names = Names(cfg.prefix)
-    server = None
-    if cfg.metrics_port >= 0:
-        server = await serve(registry, cfg.metrics_host, cfg.metrics_port, healthy=lambda: True)
-    nc = await jetstream.connect(cfg.nats_url, name=f"binlake-loader-{cfg.source}")
-    js = nc.jetstream()
-    try:
+    async with runtime(cfg, "loader", registry) as nc:
+        js = nc.jetstream()
         leases = await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=cfg.lease_ttl_s)
-        ttl = await bucket_ttl(leases, cfg.lease_ttl_s)
-        lease = Lease(leases, f"loader.{cfg.source}.{cfg.client}", cfg.instance, ttl)
+        lease = Lease(leases, f"loader.{cfg.source}.{cfg.client}", cfg.instance,
+                      await bucket_ttl(leases, cfg.lease_ttl_s))
         await lease.acquire()
         loop = asyncio.get_running_loop()
         spark: list[SparkSession] = []
@@ -104,8 +100,3 @@ async def main(cfg: LoaderConfig) -> None:
             await lease.release()
             if spark:
                 await loop.run_in_executor(None, spark[0].stop)
-    finally:
-        with contextlib.suppress(Exception):
-            await nc.drain()
-        if server is not None:
-            server.close()

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared import config
-from shared.actor import RestartPolicy
 from shared.errors import ConfigError
 
 
-def _instance() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-@dataclass(frozen=True)
-class LoaderConfig:
-    nats_url: str = "nats://127.0.0.1:4222"
-    prefix: str = "binlake"
-    source: str = "main"
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig(config.ServiceConfig):
     client: str = "loader"  # the store client name (its cursor is the loader's position)
     filter: str = ".*"  # db.table regex of the tables to load
     master: str = "local[*]"
@@ -31,16 +21,13 @@ class LoaderConfig:
     batch_rows: int = 50_000
     flush_s: float = 5.0
     spark_conf: dict[str, str] = field(default_factory=dict)  # extra Spark settings
-    instance: str = field(default_factory=_instance)
     lease_ttl_s: float = 15.0
-    metrics_host: str = "0.0.0.0"
     metrics_port: int = 9105
-    max_restarts: int = 8
     restart_window_s: float = 300.0
     restart_base_delay_s: float = 1.0
-    log_level: str = "info"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.batch_rows < 1:
             raise ConfigError(f"BINLAKE_BATCH_ROWS must be >= 1, got {self.batch_rows}")
         if self.flush_s <= 0:
@@ -54,10 +41,6 @@ class LoaderConfig:
     def database(self) -> str:
         return self.lake_db or f"binlake_{self.source}"
 
-    @property
-    def restart(self) -> RestartPolicy:
-        return RestartPolicy(max_restarts=self.max_restarts, window_s=self.restart_window_s,
-                             base_delay_s=self.restart_base_delay_s)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LoaderConfig:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import structlog
 
@@ -16,7 +15,8 @@ from services.meta.rewind import Rewinder
 from services.meta.server import MetaServer
 from shared import jetstream
 from shared.actor import run_all, supervise_call
-from shared.metrics import Registry, serve
+from shared.metrics import Registry
+from shared.service import runtime
 from shared.subjects import Names
 
 log = structlog.get_logger()
@@ -25,35 +25,28 @@ log = structlog.get_logger()
 async def main(cfg: MetaConfig) -> None:
     registry = Registry()
     names = Names(cfg.prefix)
-    server = None
-    if cfg.metrics_port >= 0:
-        server = await serve(registry, cfg.metrics_host, cfg.metrics_port, healthy=lambda: True)
-    nc = await jetstream.connect(cfg.nats_url, name="binlake-meta")
-    js = nc.jetstream()
-    backend: MetaBackend = (KvBackend(js, names.cursors_bucket, names.schema_bucket) if cfg.backend == "kv"
-                            else MysqlBackend(cfg.meta_mysql_url))
-    try:
+    async with runtime(cfg, "meta", registry) as nc:
+        js = nc.jetstream()
+        backend: MetaBackend = (KvBackend(js, names.cursors_bucket, names.schema_bucket) if cfg.backend == "kv"
+                                else MysqlBackend(cfg.meta_mysql_url))
         await backend.start()
-        await jetstream.ensure_stream(js, jetstream.raw_stream_config(names, 16))
-        await jetstream.ensure_stream(js, jetstream.cdc_stream_config(names))
-        meta = MetaServer(nc, cfg.prefix, backend, Rewinder(js, names, backend))
-        await meta.start()
-        recorder = SchemaRecorder(js, names, cfg.source, backend)
-        recorded = registry.gauge("meta_schema_records", "Schema/DDL records written by this process")
-        log.info("meta.start", backend=cfg.backend)
-
-        async def report() -> None:
-            while True:
-                recorded.set(recorder.recorded)
-                await asyncio.sleep(1)
-
         try:
-            await run_all([lambda: supervise_call(recorder.run, cfg.restart, recorder.log), report])
+            await jetstream.ensure_stream(js, jetstream.raw_stream_config(names, 16))
+            await jetstream.ensure_stream(js, jetstream.cdc_stream_config(names))
+            meta = MetaServer(nc, cfg.prefix, backend, Rewinder(js, names, backend))
+            await meta.start()
+            recorder = SchemaRecorder(js, names, cfg.source, backend)
+            recorded = registry.gauge("meta_schema_records", "Schema/DDL records written by this process")
+            log.info("meta.start", backend=cfg.backend)
+
+            async def report() -> None:
+                while True:
+                    recorded.set(recorder.recorded)
+                    await asyncio.sleep(1)
+
+            try:
+                await run_all([lambda: supervise_call(recorder.run, cfg.restart, recorder.log), report])
+            finally:
+                await meta.stop()
         finally:
-            await meta.stop()
-    finally:
-        await backend.close()
-        with contextlib.suppress(Exception):
-            await nc.drain()
-        if server is not None:
-            server.close()
+            await backend.close()

@@ -8,7 +8,6 @@ connection, so nothing from a failed run survives in memory.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 
@@ -27,7 +26,8 @@ from shared.actor import Latest, run_all, supervise_call
 from shared.bridge import ThreadBridge
 from shared.errors import BinlogPurged, LeaseLost, SourceUnavailable
 from shared.lease import Lease, bucket_ttl
-from shared.metrics import Registry, serve
+from shared.metrics import Registry
+from shared.service import runtime
 from shared.subjects import Names
 
 log = structlog.get_logger()
@@ -108,13 +108,9 @@ def asm_zero_dates(reader: BinlogReader) -> float:
 async def main(cfg: ParserConfig) -> None:
     registry = Registry()
     leader = registry.gauge("parser_leader", "1 while this instance holds the parser lease")
-    server = None
-    if cfg.metrics_port >= 0:
-        server = await serve(registry, cfg.metrics_host, cfg.metrics_port, healthy=lambda: True)
-    nc = await jetstream.connect(cfg.nats_url, name=f"binlake-parser-{cfg.source}")
-    js = nc.jetstream(publish_async_max_pending=cfg.publish_window)
-    names = Names(cfg.prefix)
-    try:
+    async with runtime(cfg, "parser", registry) as nc:
+        js = nc.jetstream(publish_async_max_pending=cfg.publish_window)
+        names = Names(cfg.prefix)
         leases = await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=cfg.lease_ttl_s)
         cursors = await jetstream.ensure_kv(js, names.cursors_bucket, history=16)
         lease = Lease(leases, f"parser.{cfg.source}", cfg.instance, await bucket_ttl(leases, cfg.lease_ttl_s))
@@ -138,8 +134,3 @@ async def main(cfg: ParserConfig) -> None:
                     await lease.release()
 
         await run_all([lead])
-    finally:
-        with contextlib.suppress(Exception):
-            await nc.drain()
-        if server is not None:
-            server.close()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import structlog
 
 from services.sink.config import SinkConfig
@@ -12,7 +10,8 @@ from services.sink.membership import Membership, member_key
 from services.sink.partition import PartitionSettings, PartitionWorker
 from shared import jetstream
 from shared.actor import Latest, run_all
-from shared.metrics import Registry, serve
+from shared.metrics import Registry
+from shared.service import runtime
 from shared.subjects import Names
 
 log = structlog.get_logger()
@@ -22,12 +21,8 @@ async def main(cfg: SinkConfig) -> None:
     registry = Registry()
     rules = cfg.rules()
     names = Names(cfg.prefix)
-    server = None
-    if cfg.metrics_port >= 0:
-        server = await serve(registry, cfg.metrics_host, cfg.metrics_port, healthy=lambda: True)
-    nc = await jetstream.connect(cfg.nats_url, name=f"binlake-sink-{cfg.source}")
-    js = nc.jetstream()
-    try:
+    async with runtime(cfg, "sink", registry) as nc:
+        js = nc.jetstream()
         await jetstream.ensure_stream(js, jetstream.raw_stream_config(names, cfg.partitions))
         await jetstream.ensure_stream(js, jetstream.cdc_stream_config(names))
         await jetstream.ensure_stream(js, jetstream.dlq_stream_config(names))
@@ -44,8 +39,3 @@ async def main(cfg: SinkConfig) -> None:
                                   cfg.restart, registry)
         log.info("sink.start", instance=membership.key, partitions=cfg.partitions)
         await run_all([membership.run, coordinator.run])
-    finally:
-        with contextlib.suppress(Exception):
-            await nc.drain()
-        if server is not None:
-            server.close()

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import structlog
 
 from services.store.config import StoreConfig
 from services.store.retention import apply_retention
 from services.store.server import StoreServer
-from shared import jetstream
 from shared.actor import run_all
 from shared.meta_client import MetaClient
-from shared.metrics import Registry, serve
+from shared.metrics import Registry
+from shared.service import runtime
 from shared.subjects import Names
 
 log = structlog.get_logger()
@@ -22,17 +21,14 @@ log = structlog.get_logger()
 async def main(cfg: StoreConfig) -> None:
     registry = Registry()
     names = Names(cfg.prefix)
-    server = None
-    if cfg.metrics_port >= 0:
-        server = await serve(registry, cfg.metrics_host, cfg.metrics_port, healthy=lambda: True)
-    nc = await jetstream.connect(cfg.nats_url, name="binlake-store")
-    js = nc.jetstream()
-    try:
+    async with runtime(cfg, "store", registry) as nc:
+        js = nc.jetstream()
         await apply_retention(js, names, cfg.cdc_max_age_s, cfg.cdc_max_bytes)
         store = StoreServer(nc, js, names, cfg.source, MetaClient(nc, cfg.prefix, cfg.meta_timeout_s), registry,
                             cfg.max_batch_rows)
         await store.start()
         log.info("store.start", source=cfg.source)
+
         async def forever() -> None:
             await asyncio.Event().wait()
 
@@ -40,8 +36,3 @@ async def main(cfg: StoreConfig) -> None:
             await run_all([forever])
         finally:
             await store.stop()
-    finally:
-        with contextlib.suppress(Exception):
-            await nc.drain()
-        if server is not None:
-            server.close()

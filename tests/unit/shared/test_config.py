@@ -171,7 +171,7 @@ def test_parser_config_requires_source_url():
     ("env", "message"),
     [
         ({"BINLAKE_START": "latest"}, "BINLAKE_START must be 'current' or 'earliest', got 'latest'"),
-        ({"BINLAKE_SOURCE": ""}, "BINLAKE_SOURCE must not be empty"),
+        ({"BINLAKE_SOURCE": ""}, "BINLAKE_SOURCE must be letters, digits"),
         ({"BINLAKE_PARTITIONS": "0"}, "BINLAKE_PARTITIONS must be 1..1024"),
         ({"BINLAKE_PARTITIONS": "1025"}, "BINLAKE_PARTITIONS must be 1..1024"),
         ({"BINLAKE_METRICS_PORT": "x"}, "BINLAKE_METRICS_PORT must be int"),

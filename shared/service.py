@@ -1,0 +1,29 @@
+"""The runtime every service's `main` opens: metrics endpoint, NATS connection, clean close."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+from nats.aio.client import Client as NATS
+
+from shared import jetstream
+from shared.config import ServiceConfig
+from shared.metrics import Registry, serve
+
+
+@contextlib.asynccontextmanager
+async def runtime(cfg: ServiceConfig, service: str, registry: Registry,
+                  healthy: Callable[[], bool] = lambda: True) -> AsyncIterator[NATS]:
+    """Serve /metrics and /healthz, connect to NATS; on exit drain the connection and stop serving."""
+    server = await serve(registry, cfg.metrics_host, cfg.metrics_port, healthy) if cfg.metrics_port >= 0 else None
+    try:
+        nc = await jetstream.connect(cfg.nats_url, name=f"binlake-{service}-{cfg.source}")
+        try:
+            yield nc
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.drain()
+    finally:
+        if server is not None:
+            server.close()
