@@ -92,17 +92,13 @@ class Pipeline:
             bridge.cancel()
             publisher.abandon()
             reader.interrupt()
-            self.zero_dates.set(asm_zero_dates(reader))
+            self.zero_dates.set(reader.stats.zero_dates)
             await asyncio.get_running_loop().run_in_executor(None, thread.join, 10.0)
 
     def _acked(self, msg: Outgoing) -> None:
         self.published.inc()
         if msg.last:
             self.progress.set(msg)
-
-
-def asm_zero_dates(reader: BinlogReader) -> float:
-    return float(reader.stats.zero_dates)
 
 
 async def main(cfg: ParserConfig) -> None:
