@@ -14,7 +14,9 @@ from typing import Any
 
 
 def client_key(source: str, client: str) -> str:
-    return f"client.{source}.{re.sub(r'[^A-Za-z0-9_=-]', '_', client)}"
+    """The cursor key of a client; distinct names always give distinct keys (`=XX` escapes)."""
+    escaped = re.sub(r"[^A-Za-z0-9_-]", lambda m: "".join(f"={b:02X}" for b in m.group().encode()), client)
+    return f"client.{source}.{escaped}"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
     DiscardPolicy,
     KeyValueConfig,
     RawStreamMsg,
@@ -141,6 +144,46 @@ async def last_msg(js: JetStreamContext, stream: str, subject: str) -> RawStream
             return await js.get_last_msg(stream, subject)
         except nats.js.errors.NotFoundError:
             return None
+
+
+async def kv_entries(js: JetStreamContext, bucket: str, key_filter: str = ">") -> list[tuple[str, bytes, int]]:
+    """(key, value, revision) of every live key matching `key_filter`, read once.
+
+    nats.py's KV `keys()`/`watch()` leave an ephemeral consumer behind per call and can end
+    before their initial values arrived; this reads the bucket's stream with a short-lived
+    last-per-subject consumer until nothing is pending, then deletes it.
+    """
+    stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
+    cfg = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                         filter_subject=prefix + key_filter, mem_storage=True, inactive_threshold=10.0)
+    out: list[tuple[str, bytes, int]] = []
+    with nats_errors(f"bucket {bucket}"):
+        try:
+            info = await js.stream_info(stream)
+        except nats.js.errors.NotFoundError:
+            return out
+        if info.state.messages == 0:
+            return out
+        sub = await js.pull_subscribe(prefix + key_filter, stream=stream, config=cfg)
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(500, timeout=1.0)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    break
+                for m in msgs:
+                    op = (m.headers or {}).get("KV-Operation")
+                    if op not in ("DEL", "PURGE"):
+                        out.append((m.subject[len(prefix):], m.data, m.metadata.sequence.stream))
+                if not msgs or msgs[-1].metadata.num_pending == 0:
+                    break
+        finally:
+            name = getattr(sub, "_consumer", None)
+            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
+                await sub.unsubscribe()
+                if name:
+                    await js.delete_consumer(stream, name)
+    return out
 
 
 def header(msg: Any, key: str) -> str | None:

@@ -7,6 +7,7 @@ several messages (`{"part": i, "last": bool, ...}`) when a reply would exceed ma
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -87,9 +88,9 @@ async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
     """
     limit = max(1024, nc.max_payload - 64 * 1024) if nc.max_payload else 900 * 1024
 
-    async def on_msg(msg: Msg) -> None:
-        if not msg.reply:
-            return
+    running: set[asyncio.Task[None]] = set()
+
+    async def answer(msg: Msg) -> None:
         try:
             try:
                 req = unpack(msg.data) if msg.data else {}
@@ -103,11 +104,23 @@ async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
         except BinlakeError as exc:
             log.warning("rpc.failed", subject=msg.subject, error=repr(exc))
             reply = {"ok": False, "code": "unavailable" if exc.retriable else "failed", "error": str(exc)}
+        except Exception as exc:  # a bug must still answer, or the client waits for its timeout
+            log.error("rpc.crashed", subject=msg.subject, error=repr(exc), exc_info=True)
+            reply = {"ok": False, "code": "failed", "error": f"internal error: {exc!r}"}
         if not split_fields or not reply.get("ok"):
             await msg.respond(pack(reply))
             return
         for part in split_reply(reply, split_fields, limit):
             await nc.publish(msg.reply, pack(part))
+
+    async def on_msg(msg: Msg) -> None:
+        if not msg.reply:
+            return
+        # nats.py delivers one message at a time per subscription; a long-poll get of one
+        # client must not hold up everybody else's requests.
+        task = asyncio.create_task(answer(msg))
+        running.add(task)
+        task.add_done_callback(running.discard)
 
     return await nc.subscribe(subject, queue=queue, cb=on_msg)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
@@ -69,17 +68,9 @@ class KvBackend:
                 raise Conflict(f"cursor {key} changed concurrently (expected revision {expected_revision})") from exc
 
     async def list_cursors(self, prefix: str) -> list[CursorEntry]:
-        out: list[CursorEntry] = []
-        with nats_errors(f"cursors {prefix}*"):
-            try:
-                keys = await self.cursors.keys()
-            except nats.js.errors.NoKeysError:
-                return out
-        for key in sorted(k for k in keys if k.startswith(prefix)):
-            entry = await self.get(key)
-            if entry is not None:
-                out.append(entry)
-        return out
+        entries = await jetstream.kv_entries(self._js, self._buckets[0])
+        return sorted((CursorEntry(k, json.loads(v), rev) for k, v, rev in entries if k.startswith(prefix)),
+                      key=lambda e: e.key)
 
     async def delete(self, key: str) -> None:
         with nats_errors(f"cursor {key}"):
@@ -92,19 +83,5 @@ class KvBackend:
 
     async def schemas(self, source: str, db: str, table: str) -> list[SchemaRecord]:
         prefix = f"{_hex(source)}.{_hex(db)}.{_hex(table)}"
-        records: list[SchemaRecord] = []
-        with nats_errors("schema history"):
-            watcher = await self.schema_kv.watch(f"{prefix}.>", ignore_deletes=True)
-            try:
-                while True:
-                    try:
-                        entry = await watcher.updates(timeout=5)  # type: ignore[no-untyped-call]
-                    except nats.errors.TimeoutError:
-                        break
-                    if entry is None:  # end of the initial values
-                        break
-                    if entry.value:
-                        records.append(SchemaRecord.from_dict(json.loads(entry.value)))
-            finally:
-                await watcher.stop()  # type: ignore[no-untyped-call]
-        return sorted(records, key=lambda r: r.scn)
+        entries = await jetstream.kv_entries(self._js, self._buckets[1], f"{prefix}.>")
+        return sorted((SchemaRecord.from_dict(json.loads(v)) for _, v, _ in entries), key=lambda r: r.scn)

@@ -19,14 +19,14 @@ from shared.errors import ConfigError, SourceUnavailable
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS binlake_cursors (
-        name VARCHAR(255) NOT NULL PRIMARY KEY,
+        name VARCHAR(255) COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
         value LONGTEXT NOT NULL,
         revision BIGINT NOT NULL
     ) DEFAULT CHARSET = utf8mb4""",
     """CREATE TABLE IF NOT EXISTS binlake_schema (
-        source VARCHAR(64) NOT NULL,
-        db VARCHAR(64) NOT NULL,
-        tbl VARCHAR(64) NOT NULL,
+        source VARCHAR(64) COLLATE utf8mb4_bin NOT NULL,
+        db VARCHAR(64) COLLATE utf8mb4_bin NOT NULL,
+        tbl VARCHAR(64) COLLATE utf8mb4_bin NOT NULL,
         scn BIGINT UNSIGNED NOT NULL,
         record LONGTEXT NOT NULL,
         PRIMARY KEY (source, db, tbl, scn)

@@ -79,5 +79,8 @@ class SchemaRecorder:
                 self._source, db, table, int(env["scn"]), schema=env.get("schema") if op != "ddl" else None,
                 ddl=env.get("ddl"), ts=int(env["ts"])))
             self.recorded += 1
-            if schema_id:
+            if op == "ddl":
+                # Record the next rows schema even when the DDL kept the columns (ADD INDEX).
+                self._last_schema.pop(table_key, None)
+            elif schema_id:
                 self._last_schema[table_key] = schema_id

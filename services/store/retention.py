@@ -23,7 +23,11 @@ async def apply_retention(js: JetStreamContext, names: Names, max_age_s: float, 
         try:
             info = await js.stream_info(names.cdc_stream)
         except nats.js.errors.NotFoundError:
-            return await js.add_stream(want)
+            try:
+                return await js.add_stream(want)
+            except nats.js.errors.BadRequestError:
+                # Another service created it a moment ago (with default limits): adjust it below.
+                info = await js.stream_info(names.cdc_stream)
         have = info.config
         if (have.max_age or 0) == (want.max_age or 0) and (have.max_bytes or -1) == want.max_bytes:
             return info

@@ -108,6 +108,7 @@ class StoreServer:
         pattern = str(req.get("filter") or ".*")
         batches.compile_filter(pattern)
         start = req.get("start", "earliest")
+        _check_start(start)
         async with self._lock(client):
             entry = await self._meta.get(client_key(self._source, client))
             if entry is not None and not req.get("reset"):
@@ -126,6 +127,7 @@ class StoreServer:
         return {"acked": seq, "created": True}
 
     async def _start_seq(self, start: Any) -> tuple[int, dict[str, Any] | None]:
+        _check_start(start)
         if start == "earliest":
             return 0, None
         if start == "latest":
@@ -142,8 +144,8 @@ class StoreServer:
 
     async def get(self, req: dict[str, Any]) -> dict[str, Any]:
         client = require(req, "client", str)
-        max_rows = int(req.get("max_rows", 1000))
-        max_wait = float(req.get("max_wait", 1.0))
+        max_rows = require({"max_rows": 1000, **req}, "max_rows", int)
+        max_wait = float(require({"max_wait": 1.0, **req}, "max_wait", (int, float)))
         if not 1 <= max_rows <= self._max_rows:
             raise BadRequest(f"max_rows must be 1..{self._max_rows}")
         if not 0 <= max_wait <= 60:
@@ -163,7 +165,9 @@ class StoreServer:
                 try:
                     await self._save(new, revision)
                 except Conflict:
-                    self._positions.pop(client, None)
+                    stale = self._positions.pop(client, None)
+                    if stale is not None:
+                        await stale.reader.close()
                     continue
                 if batch_id is not None:
                     self._batches.inc()
@@ -241,3 +245,11 @@ class StoreServer:
         if pos is not None:
             await pos.reader.close()
         return {}
+
+
+def _check_start(start: Any) -> None:
+    ok = start in ("earliest", "latest") or (
+        isinstance(start, dict) and len(start) == 1
+        and (isinstance(start.get("timestamp"), int) or isinstance(start.get("position"), str)))
+    if not ok:
+        raise BadRequest("start must be 'earliest', 'latest', {'timestamp': ms} or {'position': 'file:offset'}")
