@@ -75,7 +75,8 @@ def nats_errors(what: str) -> Iterator[None]:
     try:
         yield
     except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
-            nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as exc:
+            nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError,
+            nats.js.errors.ServiceUnavailableError) as exc:
         raise NatsUnavailable(f"{what}: {exc!r}") from exc
 
 

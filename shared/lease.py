@@ -54,7 +54,7 @@ class Lease:
                     holder = await self._holder()
                     self.log.info("lease.standby", holder=holder, owner=self.owner)
                     waiting = True
-            except (nats.errors.TimeoutError, nats.js.errors.APIError, TimeoutError) as exc:
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
                 self.log.warning("lease.retry", error=repr(exc))
             await asyncio.sleep(min(1.0, self._ttl / 4))
 
@@ -91,8 +91,7 @@ class Lease:
             except nats.js.errors.KeyWrongLastSequenceError as exc:
                 self._revision = None
                 raise LeaseLost(f"lease {self.key} was taken by {await self._holder()}") from exc
-            except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.js.errors.APIError,
-                    TimeoutError) as exc:
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
                 if time.monotonic() - self._renewed > self._ttl:
                     self._revision = None
                     raise LeaseLost(f"lease {self.key} could not be renewed for {self._ttl}s") from exc

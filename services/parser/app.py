@@ -95,10 +95,11 @@ class Pipeline:
             self.zero_dates.set(reader.stats.zero_dates)
             await asyncio.get_running_loop().run_in_executor(None, thread.join, 10.0)
 
-    def _acked(self, msg: Outgoing) -> None:
-        self.published.inc()
-        if msg.last:
-            self.progress.set(msg)
+    def _acked(self, newest: Outgoing, count: int) -> None:
+        """`count` messages were acked since the last call, `newest` the last of them."""
+        self.published.inc(count)
+        if newest.last:
+            self.progress.set(newest)
 
 
 async def main(cfg: ParserConfig) -> None:

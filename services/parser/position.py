@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 import nats.js.errors
+import structlog
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
@@ -75,6 +76,7 @@ class PositionReporter:
         self._progress = progress
         self._interval = interval_s
         self._revision: int | None = None
+        self._log = structlog.get_logger().bind(actor="position")
         self._lag = registry.gauge("parser_lag_seconds", "Seconds between a change's commit and its ack by JetStream")
         self._scn = registry.gauge("parser_scn", "Order key (file number << 32 | offset) of the last published txn")
         self._reported = registry.counter("parser_position_reports_total", "Cursor writes to the meta bucket")
@@ -86,8 +88,13 @@ class PositionReporter:
             now_ms = int(time.time() * 1000)
             self._lag.set(max(0.0, (now_ms - msg.ts) / 1000.0))
             if msg.resume != last_written:
-                await self._write(msg, now_ms)
-                last_written = msg.resume
+                try:
+                    await self._write(msg, now_ms)
+                    last_written = msg.resume
+                except NatsUnavailable as exc:
+                    # The cursor only mirrors the stream (the parser resumes from the stream
+                    # itself); keep publishing and write it again when NATS is back.
+                    self._log.warning("position.report_failed", error=str(exc))
             await self._sleep()
 
     async def _sleep(self) -> None:

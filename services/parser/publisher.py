@@ -26,7 +26,7 @@ EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 
 
 class Publisher:
-    def __init__(self, js: JetStreamContext, last_id: str | None, on_acked: Callable[[Outgoing], None],
+    def __init__(self, js: JetStreamContext, last_id: str | None, on_acked: Callable[[Outgoing, int], None],
                  *, ack_timeout_s: float = 15.0) -> None:
         self._js = js
         self._last_id = last_id
@@ -48,6 +48,10 @@ class Publisher:
                 fut = await self._js.publish_async(msg.subject, msg.data, headers=msg.headers,
                                                    wait_stall=self._timeout)
             except (nats.js.errors.TooManyStalledMsgsError, nats.errors.Error, OSError) as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # nats.py turns our cancellation (lease lost, shutdown) into a stall error.
+                    raise asyncio.CancelledError from exc
                 raise PublishFailed(f"publish of {msg.msg_id} failed: {exc!r}") from exc
             self._last_id = msg.msg_id
             self._inflight.append((msg, fut, time.monotonic()))
@@ -55,15 +59,17 @@ class Publisher:
 
     def _reap(self) -> None:
         acked: Outgoing | None = None
+        count = 0
         while self._inflight and self._inflight[0][1].done():
             msg, fut, _ = self._inflight.popleft()
             exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
             if exc is not None:
                 raise PublishFailed(f"JetStream refused {msg.msg_id} on {msg.subject}: {exc!r}") from exc
             self.published += 1
+            count += 1
             acked = msg
         if acked is not None:
-            self._on_acked(acked)
+            self._on_acked(acked, count)
         if self._inflight and time.monotonic() - self._inflight[0][2] > self._timeout:
             msg = self._inflight[0][0]
             raise PublishFailed(f"no ack for {msg.msg_id} within {self._timeout}s")
