@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
@@ -22,8 +23,17 @@ async def runtime(cfg: ServiceConfig, service: str, registry: Registry,
         try:
             yield nc
         finally:
-            with contextlib.suppress(Exception):
-                await nc.drain()
+            await close(nc)
     finally:
         if server is not None:
             server.close()
+
+
+async def close(nc: NATS, drain_s: float = 3.0) -> None:
+    """Drain, but never for long: every publish that matters was already acknowledged, and
+    a subscription with undelivered messages would otherwise hold the drain for 30 s."""
+    try:
+        await asyncio.wait_for(nc.drain(), drain_s)
+    except Exception:  # timeout or an already broken connection: just close
+        with contextlib.suppress(Exception):
+            await nc.close()

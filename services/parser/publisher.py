@@ -48,13 +48,16 @@ class Publisher:
                 fut = await self._js.publish_async(msg.subject, msg.data, headers=msg.headers,
                                                    wait_stall=self._timeout)
             except (nats.js.errors.TooManyStalledMsgsError, nats.errors.Error, OSError) as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
+                if _cancelling():
                     # nats.py turns our cancellation (lease lost, shutdown) into a stall error.
                     raise asyncio.CancelledError from exc
                 raise PublishFailed(f"publish of {msg.msg_id} failed: {exc!r}") from exc
-            self._last_id = msg.msg_id
             self._inflight.append((msg, fut, time.monotonic()))
+            self._last_id = msg.msg_id
+            if _cancelling():
+                # Python 3.11's wait_for inside publish_async can swallow our cancellation
+                # (CPython gh-86296); honour it here so a stop or a lost lease always ends us.
+                raise asyncio.CancelledError
         self._reap()
 
     def _reap(self) -> None:
@@ -88,3 +91,8 @@ class Publisher:
         while self._inflight:
             _, fut, _ = self._inflight.popleft()
             fut.cancel()
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
