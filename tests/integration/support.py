@@ -172,3 +172,14 @@ def replay(msgs: list[StoredMsg], db: str, table: str, key: str = "id") -> dict[
             if "after" in row:
                 state[row["after"][key]] = row["after"]
     return state
+
+
+def assert_table_order(msgs: list[StoredMsg]) -> None:
+    """On every table subject, (scn, chunk) strictly increases (DESIGN §8.2)."""
+    last: dict[str, tuple[int, int]] = {}
+    for m in msgs:
+        if m.env["op"] == "hb":
+            continue
+        key = (m.env["scn"], m.env["chunk"])
+        assert key > last.get(m.subject, (-1, -1)), f"order broken on {m.subject}: {key} after {last[m.subject]}"
+        last[m.subject] = key

@@ -5,12 +5,20 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 
 import pytest
 
 from tests.integration.conftest import ParserFactory
-from tests.integration.support import StoredMsg, count_rows, read_stream_sync, replay, row_changes, wait_until
+from tests.integration.support import (
+    StoredMsg,
+    assert_table_order,
+    count_rows,
+    read_stream_sync,
+    replay,
+    row_changes,
+    wait_until,
+)
 from tests.integration.workload import TABLES, Workload
 from tests.servers import MariaDB
 
@@ -26,13 +34,7 @@ def assert_exactly_once(msgs: list[StoredMsg], workload: Workload) -> None:
     batches = Counter((m.env["txn"]["id"], m.env["txn"]["i"]) for m in changes)
     assert [b for b, n in batches.items() if n > 1] == [], "a transaction batch was published twice"
     assert count_rows(msgs, db) == workload.changes, "row changes lost or duplicated"
-    last: dict[str, tuple[int, int]] = defaultdict(lambda: (-1, -1))
-    for m in msgs:
-        if m.env["op"] == "hb":
-            continue
-        key = (m.env["scn"], m.env["chunk"])
-        assert key > last[m.subject], f"order broken on {m.subject}: {key} after {last[m.subject]}"
-        last[m.subject] = key
+    assert_table_order(msgs)
     for table in TABLES:
         lake = replay(msgs, db, table)
         source = workload.snapshot(table)

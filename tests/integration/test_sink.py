@@ -5,13 +5,21 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 
 import msgpack
 import nats
 import pytest
 
-from tests.integration.support import StoredMsg, count_rows, read_stream_sync, replay, row_changes, wait_until
+from tests.integration.support import (
+    StoredMsg,
+    assert_table_order,
+    count_rows,
+    read_stream_sync,
+    replay,
+    row_changes,
+    wait_until,
+)
 from tests.integration.workload import TABLES, Workload
 
 
@@ -22,13 +30,7 @@ def assert_cdc_exactly_once(cdc: list[StoredMsg], raw: list[StoredMsg], workload
     assert count_rows(cdc, db) == workload.changes
     raw_ids = {m.headers["Nats-Msg-Id"] for m in row_changes(raw, db)}
     assert {m.headers["Nats-Msg-Id"] for m in row_changes(cdc, db)} == raw_ids
-    last: dict[str, tuple[int, int]] = defaultdict(lambda: (-1, -1))
-    for m in cdc:
-        if m.env["op"] == "hb":
-            continue
-        key = (m.env["scn"], m.env["chunk"])
-        assert key > last[m.subject], f"order broken on {m.subject}: {key} after {last[m.subject]}"
-        last[m.subject] = key
+    assert_table_order(cdc)
     for table in TABLES:
         assert replay(cdc, db, table).keys() == workload.snapshot(table).keys(), table
 
