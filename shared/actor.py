@@ -73,6 +73,18 @@ class Actor(Generic[M]):
             await self.on_stop()
 
 
+def raise_if_cancelled() -> None:
+    """Re-raise a cancellation that an awaited library call swallowed.
+
+    On Python 3.11 `asyncio.wait_for` (inside nats.py's requests) returns the result instead
+    of raising when the reply and the cancel arrive together (CPython gh-86296); loops that
+    await such calls check this so a stop or a lost lease always ends them.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling() > 0:
+        raise asyncio.CancelledError
+
+
 async def supervise(actor: Actor[Any], policy: RestartPolicy) -> None:
     """Run `actor`, restarting it on retriable errors within the policy's budget."""
     await supervise_call(actor.run, policy, actor.log)

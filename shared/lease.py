@@ -15,6 +15,7 @@ import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
+from shared.actor import raise_if_cancelled
 from shared.errors import LeaseLost
 
 
@@ -88,6 +89,7 @@ class Lease:
             try:
                 self._revision = await self._kv.update(self.key, self.owner.encode(), last=self._revision)
                 self._renewed = time.monotonic()
+                raise_if_cancelled()
             except nats.js.errors.KeyWrongLastSequenceError as exc:
                 self._revision = None
                 raise LeaseLost(f"lease {self.key} was taken by {await self._holder()}") from exc

@@ -21,7 +21,7 @@ from nats.js.kv import KeyValue
 
 from services.parser.transactions import Outgoing, Resume, SkipMark
 from shared import envelope
-from shared.actor import Latest
+from shared.actor import Latest, raise_if_cancelled
 from shared.errors import NatsUnavailable, StreamMismatch
 from shared.jetstream import header, last_msg, nats_errors
 from shared.metrics import Registry
@@ -90,6 +90,7 @@ class PositionReporter:
             if msg.resume != last_written:
                 try:
                     await self._write(msg, now_ms)
+                    raise_if_cancelled()
                     last_written = msg.resume
                 except NatsUnavailable as exc:
                     # The cursor only mirrors the stream (the parser resumes from the stream

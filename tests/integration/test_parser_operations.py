@@ -19,10 +19,14 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 
-from services.parser.position import cursor_key
+from services.parser.position import PositionReporter, cursor_key
+from services.parser.transactions import Outgoing, Resume
 from shared import envelope
+from shared.actor import Latest
+from shared.lease import Lease
+from shared.metrics import Registry
 from shared.subjects import DDL_TABLE, HEARTBEAT_TABLE, INTERNAL_TOKEN, Names, partition
 from tests.integration.conftest import ParserFactory
 from tests.integration.support import (
@@ -164,6 +168,23 @@ async def _cursor(nats_url: str) -> list[dict[str, Any]]:
 
 def cursor_history(nats_url: str) -> list[dict[str, Any]]:
     return asyncio.run(_cursor(nats_url))
+
+
+async def _cursor_revision(nats_url: str) -> int:
+    nc = await nats.connect(nats_url)
+    try:
+        try:
+            kv = await nc.jetstream().key_value(NAMES.cursors_bucket)
+            return int((await kv.get(cursor_key(SOURCE))).revision or 0)
+        except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError):
+            return 0
+    finally:
+        await nc.close()
+
+
+def cursor_revision(nats_url: str) -> int:
+    """The revision of the parser's cursor key (0 when there is none)."""
+    return asyncio.run(_cursor_revision(nats_url))
 
 
 def master_status(server: MariaDB) -> tuple[str, int, str]:
@@ -534,18 +555,23 @@ def test_sigterm_during_a_publish_burst_stops_the_parser(mariadb, database, pars
     mariadb.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY)")
     batch = 5000
     # Where SIGTERM's cancellation lands is a race, so it is tried several times, each while the
-    # parser publishes a backlog of single-row transactions.
+    # parser publishes a backlog of single-row transactions. Lease renewals and cursor writes are
+    # kept out of the way (one cursor write per run, done before the SIGTERM), so the cancellation
+    # meets the pipeline; test_cancel_arriving_with_a_kv_reply_ends_the_actor covers those two.
+    env = {"BINLAKE_INSTANCE": "burst", "BINLAKE_LEASE_TTL_S": "60", "BINLAKE_REPORT_INTERVAL_S": "60"}
     for attempt in range(8):
-        parser = start_parser(parser_factory, nats_url, BINLAKE_INSTANCE="burst", log_name=f"burst{attempt}.log")
+        reported = cursor_revision(nats_url)
+        parser = start_parser(parser_factory, nats_url, log_name=f"burst{attempt}.log", **env)
         before = asyncio.run(_stored_count(nats_url))
         mariadb.execute(f"BEGIN NOT ATOMIC DECLARE i INT DEFAULT {attempt * batch}; "
                         f"WHILE i < {(attempt + 1) * batch} DO INSERT INTO {t} VALUES (i); SET i = i + 1; END WHILE; "
                         "END")
         wait_until(lambda n=before: asyncio.run(_stored_count(nats_url)) > n + 500, 60, "the burst to be published")
+        wait_until(lambda n=reported: cursor_revision(nats_url) > n, 30, "this run's cursor write")
         code = parser.stop(timeout=20)
         assert code == 0, f"attempt {attempt + 1}: SIGTERM did not stop the parser (exit {code}):\n" \
             f"{parser.output[-3000:]}"
-    start_parser(parser_factory, nats_url, BINLAKE_INSTANCE="burst", log_name="final.log")
+    start_parser(parser_factory, nats_url, log_name="final.log", **env)
     total = 8 * batch
     wait_until(lambda: count_rows(read_all(nats_url), database) >= total, 120, f"all {total} rows")
     msgs = read_all(nats_url)
@@ -553,6 +579,61 @@ def test_sigterm_during_a_publish_burst_stops_the_parser(mariadb, database, pars
     ids = [r["after"]["id"] for m in msgs if m.env.get("table") == "burst" and m.env["op"] == "i"
            for r in m.env["rows"]]
     assert ids == list(range(total))
+
+
+async def _cancel_with_the_reply(nats_url: str, actor: str) -> bool:
+    """Cancel a running `actor` (lease keep / position reporter) the moment the reply to its KV
+    write arrives, and report whether it then ends within 3 s."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        kv = await js.create_key_value(KeyValueConfig(bucket=f"ops_{actor}", ttl=30, history=1))
+        if actor == "keep":
+            lease = Lease(kv, "k", "me", ttl_s=0.3)  # renews every 0.1 s
+            await lease.acquire()
+            task = asyncio.create_task(lease.keep())
+        else:
+            progress: Latest[Outgoing] = Latest()
+            reporter = PositionReporter(kv, SOURCE, progress, Registry(), interval_s=0.05)
+            task = asyncio.create_task(reporter.run())
+
+            async def feed() -> None:
+                for n in range(1, 10_000):
+                    progress.set(Outgoing("s", b"", f"m{n}", {}, "i", int(time.time() * 1000), 1,
+                                          Resume("mysql-bin.000001", 1000 + n, None), True))
+                    await asyncio.sleep(0.05)
+
+            feeder = asyncio.create_task(feed())
+        cancelled = asyncio.Event()
+
+        def cancel(_: asyncio.Future[Any]) -> None:
+            if not cancelled.is_set():
+                cancelled.set()
+                task.cancel()
+
+        seen: set[int] = set()
+        deadline = time.monotonic() + 10
+        while not cancelled.is_set():
+            assert time.monotonic() < deadline, f"no KV write of {actor} seen"
+            for fut in list(nc._resp_map.values()):  # the reply futures of pending requests
+                if id(fut) not in seen and not fut.done():
+                    seen.add(id(fut))
+                    fut.add_done_callback(cancel)
+            await asyncio.sleep(0)
+        done, _ = await asyncio.wait([task], timeout=3)
+        if actor != "keep":
+            feeder.cancel()
+        if not done:
+            task.cancel()  # a second cancel ends it (the first one was lost)
+            await asyncio.wait([task], timeout=3)
+        return bool(done)
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize("actor", ["keep", "reporter"])
+def test_cancel_arriving_with_a_kv_reply_ends_the_actor(nats_url, actor):
+    assert asyncio.run(_cancel_with_the_reply(nats_url, actor)), f"{actor} ran on after its cancellation"
 
 
 async def _set_stream_subjects(nats_url: str, stream: str, subjects: list[str]) -> None:
