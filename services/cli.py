@@ -14,6 +14,7 @@ COMMANDS = {
     "status": ("services.ops.status", "main", "positions, lag, partition owners, clients, stream sizes"),
     "tail": ("services.ops.tail", "main", "print a table's change events as JSON lines"),
     "rewind": ("services.ops.rewind", "main", "move a client back to a timestamp or binlog position"),
+    "snapshot": ("services.ops.snapshot", "main", "load existing rows of tables (db.table or regex) into the stream"),
     "verify": ("services.loader.verify", "main", "compare source tables with their lake snapshots"),
     "sink": ("services.sink.__main__", "main", "route BINLAKE_RAW to per-table subjects in BINLAKE_CDC"),
 }

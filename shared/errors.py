@@ -46,6 +46,10 @@ class PublishFailed(TransientError):
     """JetStream refused or lost a publish; the parser resumes from the stream tail."""
 
 
+class SnapshotConflict(TransientError):
+    """A snapshot's progress changed under it (another parser took over); restart from what is stored."""
+
+
 class FatalError(BinlakeError):
     """Needs a person: the message says what to change."""
 

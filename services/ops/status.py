@@ -13,6 +13,7 @@ from nats.js import JetStreamContext
 
 from services.ops.common import nats_url, run
 from shared import jetstream
+from shared import snapshots as snap
 from shared.assignment import owned
 from shared.subjects import Names
 
@@ -65,10 +66,19 @@ async def collect(url: str, prefix: str, source: str, partitions: int) -> dict[s
                            for p in range(partitions)],
             "clients": {k.split(".", 2)[2]: {f: v.get(f) for f in ("acked", "delivered", "batches", "filter")}
                         for k, v in cursors.items() if k.startswith(f"client.{source}.") and isinstance(v, dict)},
+            "snapshots": [_snapshot(v) for k, v in sorted(cursors.items())
+                          if k.startswith(snap.tables_filter(source)[:-1]) and isinstance(v, dict)],
             "streams": streams,
         }
     finally:
         await nc.close()
+
+
+def _snapshot(d: dict[str, Any]) -> dict[str, Any]:
+    p = snap.TableProgress.from_json(json.dumps(d).encode())
+    total = p.rows if p.state == snap.DONE else max(p.estimate, p.rows)
+    return {"table": p.name, "state": p.state, "rows": p.rows, "estimate": total, "chunks": p.chunks,
+            "retries": p.retries, "key": p.key_kind, "error": p.error}
 
 
 def render(s: dict[str, Any]) -> str:
@@ -88,6 +98,13 @@ def render(s: dict[str, Any]) -> str:
                      f"filter={c['filter']}")
     if not s["clients"]:
         lines.append("    (none)")
+    if s.get("snapshots"):
+        lines.append("  snapshots")
+        for t in s["snapshots"]:
+            pct = 100.0 * t["rows"] / t["estimate"] if t["estimate"] else 100.0
+            lines.append(f"    {t['table']}: {t['state']} {t['rows']}/{t['estimate']} rows ({min(pct, 100.0):.0f}%), "
+                         f"{t['chunks']} chunks, {t['retries']} retries, key={t['key'] or '-'}"
+                         + (f", error: {t['error']}" if t["error"] else ""))
     lines.append("  streams")
     for name, info in s["streams"].items():
         lines.append(f"    {name}: " + (f"{info['messages']} messages, {info['bytes']} bytes, last seq "

@@ -14,14 +14,17 @@ import time
 import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
 
 from services.parser.binlog import BinlogReader, SourceDsn
 from services.parser.checks import inspect_source
 from services.parser.config import ParserConfig
 from services.parser.position import PositionReporter, read_tail
 from services.parser.publisher import Publisher
+from services.parser.snapshot.snapshotter import AckedScn, Snapshotter
+from services.parser.snapshot.windows import Windows
 from services.parser.transactions import Assembler, Outgoing
-from shared import jetstream
+from shared import envelope, jetstream
 from shared.actor import Latest, run_all, supervise_call
 from shared.bridge import ThreadBridge
 from shared.errors import BinlogPurged, LeaseLost, SourceUnavailable
@@ -37,8 +40,11 @@ class Pipeline:
     """One run of binlog -> BINLAKE_RAW, from the stream tail until an error or cancellation."""
 
     def __init__(self, cfg: ParserConfig, nc: NATS, js: JetStreamContext, progress: Latest[Outgoing],
-                 registry: Registry) -> None:
+                 registry: Registry, cursors: KeyValue) -> None:
         self.cfg = cfg
+        self.cursors = cursors
+        self.registry = registry
+        self.acked = AckedScn()
         self.nc = nc
         self.js = js
         self.names = Names(cfg.prefix)
@@ -62,7 +68,7 @@ class Pipeline:
                                f"source (oldest is {info.binlogs[0]}); the changes in between are lost to binlake: "
                                "take a new snapshot and reset the parser")
         asm = Assembler(cfg.source, self.names, start, max_payload=self.nc.max_payload,
-                        skip=tail.skip if tail else None, mariadb=info.mariadb)
+                        skip=tail.skip if tail else None, mariadb=info.mariadb, ignore=frozenset({cfg.watermark}))
         publisher = Publisher(self.js, tail.last_id if tail else None, self._acked, ack_timeout_s=cfg.ack_timeout_s)
         self.log.info("pipeline.start", resume_file=start.file, resume_offset=start.offset, resume_gtid=start.gtid,
                       skip=tail.skip if tail else None, server=info.version, fresh=tail is None)
@@ -71,35 +77,50 @@ class Pipeline:
             await publisher.publish(asm.heartbeat(int(time.time() * 1000)))
             await publisher.flush()
         bridge: ThreadBridge[Outgoing] = ThreadBridge(asyncio.get_running_loop(), max_items=20_000)
+        windows = Windows(cfg.source, cfg.watermark)
         reader = BinlogReader(self.dsn, cfg.replica_server_id, asm, bridge, mariadb=info.mariadb,
-                              heartbeat_s=cfg.heartbeat_s)
+                              heartbeat_s=cfg.heartbeat_s, windows=windows)
+        snapshotter = Snapshotter(cfg, self.js, self.cursors, windows, self.acked, self.registry)
         thread = threading.Thread(target=reader.run, name="binlog-reader", daemon=True)
         thread.start()
-        counted = 0
+        pump = asyncio.create_task(self._pump(bridge, publisher, reader))
+        snapshots = asyncio.create_task(snapshotter.run())
         try:
-            while True:
-                batch = bridge.get_nowait()
-                if not batch:
-                    await publisher.flush()
-                    self.events.inc(reader.events - counted)
-                    counted = reader.events
-                    try:
-                        batch = await bridge.get()
-                    except EOFError:
-                        raise SourceUnavailable("the binlog reader stopped") from None
-                await publisher.publish(batch)
+            done, _ = await asyncio.wait({pump, snapshots}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+            raise SourceUnavailable("the snapshotter stopped")  # unreachable: both run until an error
         finally:
+            for task in (pump, snapshots):
+                task.cancel()
+            await asyncio.gather(pump, snapshots, return_exceptions=True)
             bridge.cancel()
             publisher.abandon()
             reader.interrupt()
             self.zero_dates.set(reader.stats.zero_dates)
             await asyncio.get_running_loop().run_in_executor(None, thread.join, 10.0)
 
+    async def _pump(self, bridge: ThreadBridge[Outgoing], publisher: Publisher, reader: BinlogReader) -> None:
+        """Binlog thread -> JetStream, until the reader fails."""
+        counted = 0
+        while True:
+            batch = bridge.get_nowait()
+            if not batch:
+                await publisher.flush()
+                self.events.inc(reader.events - counted)
+                counted = reader.events
+                try:
+                    batch = await bridge.get()
+                except EOFError:
+                    raise SourceUnavailable("the binlog reader stopped") from None
+            await publisher.publish(batch)
+
     def _acked(self, newest: Outgoing, count: int) -> None:
         """`count` messages were acked since the last call, `newest` the last of them."""
         self.published.inc(count)
         if newest.last:
             self.progress.set(newest)
+            self.acked.advance(envelope.scn(newest.resume.file, newest.resume.offset))
 
 
 async def main(cfg: ParserConfig) -> None:
@@ -117,7 +138,7 @@ async def main(cfg: ParserConfig) -> None:
                 await lease.acquire()
                 leader.set(1)
                 progress: Latest[Outgoing] = Latest()
-                pipeline = Pipeline(cfg, nc, js, progress, registry)
+                pipeline = Pipeline(cfg, nc, js, progress, registry, cursors)
                 reporter = PositionReporter(cursors, cfg.source, progress, registry, cfg.report_interval_s)
                 try:
                     async with asyncio.TaskGroup() as tg:

@@ -23,10 +23,13 @@ from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication import event as ev
 from pymysqlreplication import row_event as rev
 
+from services.parser import ddl
 from services.parser.columns import TableSchema, schema_from_table_map
 from services.parser.rows import check_full_image, decode_rows
+from services.parser.snapshot.windows import Windows
 from services.parser.transactions import Assembler, Outgoing, Resume
 from services.parser.values import DecodeStats
+from shared import envelope
 from shared.bridge import BridgeClosed, ThreadBridge
 from shared.errors import (
     AccessDenied,
@@ -101,8 +104,9 @@ class BinlogReader:
     """Reads the binlog from `start` and pushes finished messages into `bridge` (thread body)."""
 
     def __init__(self, dsn: SourceDsn, server_id: int, assembler: Assembler, bridge: ThreadBridge[Outgoing],
-                 *, mariadb: bool, heartbeat_s: float = 5.0) -> None:
+                 *, mariadb: bool, heartbeat_s: float = 5.0, windows: Windows | None = None) -> None:
         self._dsn = dsn
+        self._windows = windows
         self._server_id = server_id
         self._asm = assembler
         self._bridge = bridge
@@ -192,6 +196,8 @@ class BinlogReader:
             return asm.commit(file, end)
         if isinstance(event, ev.QueryEvent):
             db = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
+            if self._windows is not None and self._windows.active:
+                self._ddl_in_window(event.query, db)
             return asm.query(event.query, db, file, start, end, ts)
         if isinstance(event, ev.MariadbGtidEvent):
             return asm.gtid(event.gtid, event.domain_id, bool(event.flags & 1), file, start)
@@ -257,4 +263,29 @@ class BinlogReader:
         check_full_image(table, *bitmaps)
         pkt = event.packet
         body = pkt.read(event.event_size - pkt.read_bytes)
-        return self._asm.rows(op, table, decode_rows(table, op, body), file, start, ts)
+        rows = decode_rows(table, op, body)
+        windows = self._windows
+        if windows is not None:
+            if windows.is_watermark(table.db, table.table):
+                return self._watermark(windows, rows, file, start, ts)
+            if windows.active:
+                windows.on_rows(table.db, table.table, rows)
+        return self._asm.rows(op, table, rows, file, start, ts)
+
+    def _watermark(self, windows: Windows, rows: list[dict[str, Any]], file: str, start: int,
+                   ts: int) -> list[Outgoing]:
+        """A snapshot watermark: never published itself; a high one releases its chunk here."""
+        out: list[Outgoing] = []
+
+        def emit(schema: TableSchema, chunk: list[dict[str, Any]]) -> int:
+            out.extend(self._asm.snapshot(schema, chunk, file, start, ts))
+            return envelope.scn(file, start)
+
+        windows.on_watermark(rows, emit)
+        return out
+
+    def _ddl_in_window(self, sql: str, db: str) -> None:
+        assert self._windows is not None
+        stmt = ddl.parse(sql, db)
+        if stmt.kind not in ("txn", "dml"):
+            self._windows.on_ddl(list(stmt.tables) or None, sql)

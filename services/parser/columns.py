@@ -24,7 +24,7 @@ _TYPE_NAMES = {
 _BLOB_SIZES = {1: "tiny", 2: "", 3: "medium", 4: "long"}
 
 # MySQL charset name -> Python codec. MySQL's latin1 is really cp1252.
-_CODECS = {
+CODECS = {
     "utf8mb4": "utf-8", "utf8mb3": "utf-8", "utf8": "utf-8", "latin1": "cp1252", "ascii": "ascii",
     "ucs2": "utf-16-be", "utf16": "utf-16-be", "utf16le": "utf-16-le", "utf32": "utf-32-be",
     "cp1250": "cp1250", "cp1251": "cp1251", "cp1256": "cp1256", "cp1257": "cp1257", "cp850": "cp850",
@@ -100,21 +100,11 @@ class TableSchema:
 def column_from_library(col: Any, nullable: bool, dbms: str) -> Column:
     """Translate a mysql-replication `Column` (TableMap metadata) into ours."""
     code = col.type
-    collation = col.collation_name or ""
-    charset = "binary" if collation == "binary" else (collation.split("_", 1)[0] or None)
-    encoding = None if charset in (None, "binary") else _CODECS.get(charset, col.character_set_name)
     length = 0
-    name = _TYPE_NAMES.get(code, "")
-    if code in (v.VARCHAR, v.VAR_STRING):
+    if code in (v.VARCHAR, v.VAR_STRING, v.STRING):
         length = col.max_length
-        name = "varbinary" if encoding is None else "varchar"
-    elif code == v.STRING:
-        length = col.max_length
-        name = "binary" if encoding is None else "char"
     elif code in (v.BLOB, v.GEOMETRY, v.JSON):
         length = col.length_size
-        if code == v.BLOB:
-            name = _BLOB_SIZES.get(length, "") + ("blob" if encoding is None else "text")
     elif code in (v.ENUM, v.SET):
         length = col.size
     elif code == v.BIT:
@@ -124,20 +114,38 @@ def column_from_library(col: Any, nullable: bool, dbms: str) -> Column:
         members = tuple(col.enum_values[1:])
     elif code == v.SET:
         members = tuple(col.set_values or ())
+    return build_column(col.name, code, nullable, collation=col.collation_name or "",
+                        fallback_codec=col.character_set_name, unsigned=bool(col.unsigned),
+                        precision=getattr(col, "precision", 0), scale=getattr(col, "decimals", 0),
+                        fsp=getattr(col, "fsp", 0), length=length, members=members)
+
+
+def build_column(name: str, code: int, nullable: bool, *, collation: str, fallback_codec: str | None = None,
+                 unsigned: bool = False, precision: int = 0, scale: int = 0, fsp: int = 0, length: int = 0,
+                 members: tuple[str, ...] = ()) -> Column:
+    """One column from its type facts; the binlog's TableMap and the snapshot's catalog both use it.
+
+    `length` is what the binlog knows: VARCHAR/CHAR max bytes, BLOB/JSON/GEOMETRY length-prefix
+    size, ENUM/SET bytes, BIT bits.
+    """
+    charset = "binary" if collation == "binary" else (collation.split("_", 1)[0] or None)
+    encoding = None if charset in (None, "binary") else CODECS.get(charset, fallback_codec)
+    type_name = _TYPE_NAMES.get(code, "")
+    if code in (v.VARCHAR, v.VAR_STRING):
+        type_name = "varbinary" if encoding is None else "varchar"
+    elif code == v.STRING:
+        type_name = "binary" if encoding is None else "char"
+    elif code == v.BLOB:
+        type_name = _BLOB_SIZES.get(length, "") + ("blob" if encoding is None else "text")
     if code == v.GEOMETRY:
         encoding, charset = None, None
     ctype = v.ColumnType(
-        code=code,
-        unsigned=bool(col.unsigned),
-        precision=getattr(col, "precision", 0),
-        scale=getattr(col, "decimals", 0),
-        fsp=getattr(col, "fsp", 0),
-        length=length,
+        code=code, unsigned=unsigned, precision=precision, scale=scale, fsp=fsp, length=length,
         encoding=encoding if code in (v.VARCHAR, v.VAR_STRING, v.STRING, v.BLOB) else None,
         values=members,
     )
     keep_charset = charset if code in (v.VARCHAR, v.VAR_STRING, v.STRING, v.BLOB, v.ENUM, v.SET) else None
-    return Column(name=col.name, type=name or f"type{code}", nullable=nullable, ctype=ctype, charset=keep_charset)
+    return Column(name=name, type=type_name or f"type{code}", nullable=nullable, ctype=ctype, charset=keep_charset)
 
 
 def schema_from_table_map(event: Any, stats: v.DecodeStats | None = None) -> TableSchema:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,6 +23,13 @@ class ParserConfig(config.ServiceConfig):
     ack_timeout_s: float = 15.0
     report_interval_s: float = 1.0
     metrics_port: int = 9101
+    watermark_table: str = "binlake.watermarks"  # where snapshots write their watermarks (DBLog)
+    snapshot_tables: str = ""  # regex over db.table: snapshot such tables on first sight ("" = only on request)
+    snapshot_chunk_rows: int = 4096
+    snapshot_parallel: int = 2  # tables snapshotted at once
+    snapshot_max_rows_s: float = 0.0  # rate limit over all tables; 0 = unlimited
+    snapshot_poll_s: float = 1.0
+    snapshot_scan_s: float = 10.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -29,6 +37,25 @@ class ParserConfig(config.ServiceConfig):
             raise ConfigError(f"BINLAKE_START must be 'current' or 'earliest', got {self.start!r}")
         if not 1 <= self.partitions <= 1024:
             raise ConfigError(f"BINLAKE_PARTITIONS must be 1..1024, got {self.partitions}")
+        if self.snapshot_chunk_rows < 1:
+            raise ConfigError(f"BINLAKE_SNAPSHOT_CHUNK_ROWS must be at least 1, got {self.snapshot_chunk_rows}")
+        if not 1 <= self.snapshot_parallel <= 64:
+            raise ConfigError(f"BINLAKE_SNAPSHOT_PARALLEL must be 1..64, got {self.snapshot_parallel}")
+        if self.snapshot_max_rows_s < 0:
+            raise ConfigError(f"BINLAKE_SNAPSHOT_MAX_ROWS_S must be >= 0, got {self.snapshot_max_rows_s}")
+        try:
+            re.compile(self.snapshot_tables)
+        except re.error as exc:
+            raise ConfigError(f"BINLAKE_SNAPSHOT_TABLES is not a regular expression ({exc}): "
+                              f"{self.snapshot_tables!r}") from None
+        db, dot, table = self.watermark_table.partition(".")
+        if not (db and dot and table):
+            raise ConfigError(f"BINLAKE_WATERMARK_TABLE must be <db>.<table>, got {self.watermark_table!r}")
+
+    @property
+    def watermark(self) -> tuple[str, str]:
+        db, _, table = self.watermark_table.partition(".")
+        return db, table
 
     @property
     def replica_server_id(self) -> int:

@@ -92,6 +92,7 @@ class Assembler:
     max_payload: int = 1024 * 1024
     skip: SkipMark | None = None
     mariadb: bool = True
+    ignore: frozenset[tuple[str, str]] = frozenset()  # binlake's own tables in the source (watermarks)
     _txn: _Txn | None = field(default=None, init=False)
     _gtids: dict[int, str] = field(default_factory=dict, init=False)
     _boundary: Resume = field(init=False)
@@ -152,7 +153,7 @@ class Assembler:
             self._txn = _Txn(id=f"{file}:{start}", start=Resume(file, start, self._state_str()), gtid=None,
                              domain=None, ddl_ends=True)
         scn = envelope.scn(file, start)
-        targets = list(dict.fromkeys(stmt.tables)) or [(db, "")]
+        targets = [t for t in dict.fromkeys(stmt.tables) if t not in self.ignore] or [(db, "")]
         for idx, (tdb, table) in enumerate(targets):
             env = self._env("ddl", tdb, table or None, file, start, scn, ts, idx)
             env["ddl"] = sql
@@ -169,6 +170,11 @@ class Assembler:
         env["rows"] = rows
         self._push(env, table.packed, table.id)
         return self._drain_before_last()
+
+    def snapshot(self, table: TableSchema, rows: list[dict[str, Any]], file: str, start: int,
+                 ts: int) -> list[Outgoing]:
+        """Snapshot rows (`op = "r"`) at the position of the high watermark that releases them."""
+        return self.rows("r", table, [{"after": row} for row in rows], file, start, ts)
 
     def commit(self, file: str, end: int) -> list[Outgoing]:
         txn = self._txn

@@ -135,7 +135,7 @@ def _frac_text(micro: int, fsp: int) -> str:
     return "." + f"{micro:06d}"[:fsp] if fsp else ""
 
 
-def _valid_date(year: int, month: int, day: int) -> bool:
+def valid_date(year: int, month: int, day: int) -> bool:
     return year > 0 and 1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]
 
 
@@ -143,7 +143,7 @@ def _date(stats: DecodeStats) -> Decoder:
     def decode(buf: bytes, pos: int) -> tuple[Any, int]:
         v = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
         day, month, year = v & 31, (v >> 5) & 15, v >> 9
-        if not _valid_date(year, month, day):
+        if not valid_date(year, month, day):
             stats.zero_dates += 1
             return None, pos + 3
         return f"{year:04d}-{month:02d}-{day:02d}", pos + 3
@@ -160,7 +160,7 @@ def _datetime2(fsp: int, stats: DecodeStats) -> Decoder:
         year, month = divmod(ymd >> 5, 13)
         day = ymd & 31
         end = pos + 5 + nfrac
-        if not _valid_date(year, month, day):
+        if not valid_date(year, month, day):
             stats.zero_dates += 1
             return None, end
         frac = _frac_text(read_frac(buf, pos + 5), fsp)
@@ -239,7 +239,7 @@ def _old_datetime(stats: DecodeStats) -> Decoder:
         v = int.from_bytes(buf[pos : pos + 8], "little")
         d, t = divmod(v, 1_000_000)
         year, month, day = d // 10000, d // 100 % 100, d % 100
-        if not _valid_date(year, month, day):
+        if not valid_date(year, month, day):
             stats.zero_dates += 1
             return None, pos + 8
         return f"{year:04d}-{month:02d}-{day:02d}T{t // 10000:02d}:{t // 100 % 100:02d}:{t % 100:02d}", pos + 8

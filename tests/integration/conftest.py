@@ -1,14 +1,18 @@
-"""Fixtures that run the parser as a real process against the private servers."""
+"""Fixtures that run services as real processes against the private servers; the one Spark session."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.integration.support import ServiceProcess, parser_env, read_stream_sync, sink_env, wait_until
 from tests.servers import MariaDB
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 ParserFactory = Callable[..., ServiceProcess]
 
@@ -65,3 +69,18 @@ def service_factory(nats_url: str, tmp_path: Path) -> Iterator[Callable[..., Ser
     yield make
     for p in procs:
         p.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """The one Spark session of this test process (the loader processes have their own)."""
+    from services.loader.spark import session
+
+    base = tmp_path_factory.mktemp("spark")
+    s = session("tests", "local[2]", str(base / "data"), str(base / "warehouse"), hive=False)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+

@@ -1,0 +1,314 @@
+"""Actor: runs the requested table snapshots, chunk by chunk, through watermark windows.
+
+Requests (`binlake snapshot`) and, with BINLAKE_SNAPSHOT_TABLES, tables seen for the first
+time become per-table progress entries in the cursor bucket. Up to `snapshot_parallel`
+tables run at once, each on its own source connection. A chunk's progress is written only
+after JetStream acknowledged its rows, so a parser killed at any point resumes every table
+at its last finished chunk (at worst one chunk is emitted twice; `r` rows are idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import replace
+from typing import Any
+
+import nats.js.errors
+import structlog
+from asyncmy.cursors import SSCursor
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from services.parser.binlog import SourceDsn
+from services.parser.config import ParserConfig
+from services.parser.snapshot.catalog import (
+    TableShape,
+    UnsupportedColumn,
+    chunk_sql,
+    describe,
+    key_param,
+    keyset_params,
+    list_tables,
+    placeholder,
+)
+from services.parser.snapshot.values import row_decoder
+from services.parser.snapshot.watermarks import Watermarks, connect
+from services.parser.snapshot.windows import HIGH, LOW, Chunk, Outcome, Windows
+from services.parser.values import DecodeStats
+from shared import snapshots as snap
+from shared.errors import DecodeError, SnapshotConflict
+from shared.jetstream import kv_entries, nats_errors
+from shared.metrics import Registry
+from shared.subjects import Names
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class AckedScn:
+    """The order key up to which JetStream has acknowledged whole transactions."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._moved = asyncio.Event()
+
+    def advance(self, scn: int) -> None:
+        if scn > self.value:
+            self.value = scn
+            self._moved.set()
+            self._moved = asyncio.Event()
+
+    async def wait_past(self, scn: int) -> None:
+        while self.value <= scn:
+            await self._moved.wait()
+
+
+class RateLimiter:
+    """At most `rate` rows per second over every table (0: unlimited)."""
+
+    def __init__(self, rate: float) -> None:
+        self._rate = rate
+        self._next = 0.0
+
+    async def spend(self, rows: int) -> None:
+        if self._rate <= 0 or rows <= 0:
+            return
+        now = time.monotonic()
+        start = max(self._next, now)
+        self._next = start + rows / self._rate
+        if self._next > now:
+            await asyncio.sleep(self._next - now)
+
+
+class Snapshotter:
+    def __init__(self, cfg: ParserConfig, js: JetStreamContext, kv: KeyValue, windows: Windows, acked: AckedScn,
+                 registry: Registry) -> None:
+        self.cfg = cfg
+        self.js = js
+        self.kv = kv
+        self.bucket = Names(cfg.prefix).cursors_bucket
+        self.windows = windows
+        self.acked = acked
+        self.dsn = SourceDsn.parse(cfg.source_url)
+        self.marks = Watermarks(cfg.watermark, cfg.source)
+        self.limiter = RateLimiter(cfg.snapshot_max_rows_s)
+        self.stats = DecodeStats()
+        self._ensured = False
+        self._rows = registry.gauge("parser_snapshot_rows", "Rows a table's snapshot has emitted")
+        self._estimate = registry.gauge("parser_snapshot_rows_estimated", "Estimated rows of a table being snapshotted")
+        self._done = registry.gauge("parser_snapshot_done", "1 when a table's snapshot has finished")
+        self._chunks = registry.counter("parser_snapshot_chunks_total", "Snapshot chunks emitted")
+        self._retries = registry.counter("parser_snapshot_retries_total", "Snapshot chunks read again")
+        self.log = structlog.get_logger().bind(actor="snapshot")
+
+    async def run(self) -> None:
+        tasks: dict[str, tuple[asyncio.Task[None], int]] = {}
+        last_scan = -1e9
+        try:
+            while True:
+                await self._accept_requests()
+                if self.cfg.snapshot_tables and time.monotonic() - last_scan >= self.cfg.snapshot_scan_s:
+                    await self._discover()
+                    last_scan = time.monotonic()
+                for key, (task, _) in list(tasks.items()):
+                    if task.done():
+                        del tasks[key]
+                        task.result()
+                entries = await self._load()
+                self._export(entries)
+                waiting = sorted((p.requested_ms, key) for key, (p, _) in entries.items() if not p.finished)
+                for _, key in waiting:
+                    if key in tasks or len(tasks) >= self.cfg.snapshot_parallel:
+                        continue
+                    slot = min(set(range(self.cfg.snapshot_parallel)) - {s for _, s in tasks.values()})
+                    p, rev = entries[key]
+                    tasks[key] = (asyncio.create_task(self._table(key, p, rev, slot)), slot)
+                await asyncio.sleep(self.cfg.snapshot_poll_s)
+        finally:
+            for task, _ in tasks.values():
+                task.cancel()
+            await asyncio.gather(*(t for t, _ in tasks.values()), return_exceptions=True)
+
+    # -- progress in the cursor bucket --------------------------------------------------
+
+    async def _load(self) -> dict[str, tuple[snap.TableProgress, int]]:
+        out = {}
+        for key, value, rev in await kv_entries(self.js, self.bucket, snap.tables_filter(self.cfg.source)):
+            out[key] = (snap.TableProgress.from_json(value), rev)
+        return out
+
+    async def _save(self, key: str, p: snap.TableProgress, rev: int | None) -> int:
+        with nats_errors("snapshot progress"):
+            try:
+                if rev is None:
+                    return await self.kv.create(key, p.to_json())
+                return await self.kv.update(key, p.to_json(), last=rev)
+            except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyValueError) as exc:
+                raise SnapshotConflict(f"snapshot progress of {p.name} changed under this parser ({exc})") from exc
+
+    def _export(self, entries: dict[str, tuple[snap.TableProgress, int]]) -> None:
+        for p, _ in entries.values():
+            self._rows.set(p.rows, table=p.name)
+            self._estimate.set(max(p.estimate, p.rows), table=p.name)
+            self._done.set(1 if p.state == snap.DONE else 0, table=p.name)
+
+    async def _accept_requests(self) -> None:
+        entries = await kv_entries(self.js, self.bucket, snap.requests_filter(self.cfg.source))
+        fresh = [(key, snap.SnapshotRequest.from_json(v), rev) for key, v, rev in entries]
+        fresh = [(key, r, rev) for key, r, rev in fresh if r.state == "new"]
+        if not fresh:
+            return
+        conn = await connect(self.dsn)
+        try:
+            tables = await list_tables(conn, frozenset({self.cfg.watermark[0]}))
+        finally:
+            conn.close()
+        current = await self._load()
+        for key, req, rev in fresh:
+            chosen = [(db, t) for db, t in tables if snap.matches(req.patterns, db, t)]
+            if not chosen:
+                answer = replace(req, state="failed", error=f"no table of the source matches {' '.join(req.patterns)}")
+            else:
+                keys = [await self._start(db, t, req.id, current) for db, t in chosen]
+                answer = replace(req, state="accepted", tables=keys)
+            with nats_errors("snapshot request"):
+                try:
+                    await self.kv.update(key, answer.to_json(), last=rev)
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    continue  # the requester changed it meanwhile (e.g. gave up); it is read again
+            self.log.info("snapshot.request", request=req.id, patterns=req.patterns, tables=len(chosen),
+                          error=answer.error)
+
+    async def _start(self, db: str, table: str, run: str, current: dict[str, tuple[snap.TableProgress, int]]) -> str:
+        """A progress entry for a (re-)requested table; a running snapshot is joined, not restarted."""
+        key = snap.table_key(self.cfg.source, db, table)
+        found = current.get(key)
+        if found is None or found[0].finished:
+            p = snap.TableProgress(db=db, table=table, run=run, requested_ms=now_ms())
+            current[key] = (p, await self._save(key, p, found[1] if found else None))
+        return key
+
+    async def _discover(self) -> None:
+        """BINLAKE_SNAPSHOT_TABLES: snapshot every matching table that never had one."""
+        conn = await connect(self.dsn)
+        try:
+            tables = await list_tables(conn, frozenset({self.cfg.watermark[0]}))
+        finally:
+            conn.close()
+        current = await self._load()
+        for db, table in tables:
+            key = snap.table_key(self.cfg.source, db, table)
+            if key not in current and snap.matches([self.cfg.snapshot_tables], db, table):
+                await self._start(db, table, f"auto-{now_ms()}", current)
+                self.log.info("snapshot.discovered", table=f"{db}.{table}")
+
+    # -- one table ------------------------------------------------------------------------
+
+    async def _table(self, key: str, p: snap.TableProgress, rev: int, slot: int) -> None:
+        conn = await connect(self.dsn)
+        try:
+            if not self._ensured:
+                await self.marks.ensure(conn)
+                self._ensured = True
+            if p.state == snap.PENDING:
+                t = now_ms()
+                p = replace(p, state=snap.RUNNING, started_ms=t, updated_ms=t)
+                rev = await self._save(key, p, rev)
+            self.log.info("snapshot.table", table=p.name, run=p.run, resume_chunk=p.chunks, rows=p.rows)
+            while not p.finished:
+                p, rev = await self._chunk(conn, key, p, rev, slot)
+            self.log.info("snapshot.finished", table=p.name, state=p.state, rows=p.rows, chunks=p.chunks,
+                          retries=p.retries, error=p.error)
+        finally:
+            conn.close()
+
+    async def _chunk(self, conn: Any, key: str, p: snap.TableProgress, rev: int,
+                     slot: int) -> tuple[snap.TableProgress, int]:
+        loop = asyncio.get_running_loop()
+        outcome_fut: asyncio.Future[Outcome] = loop.create_future()
+
+        def settle(outcome: Outcome) -> None:
+            if not outcome_fut.done():
+                outcome_fut.set_result(outcome)
+
+        def resolve(outcome: Outcome) -> None:  # called from the binlog thread
+            loop.call_soon_threadsafe(settle, outcome)
+
+        wid = f"{p.run}.{p.chunks}.{secrets.token_hex(4)}"
+        self.windows.open(wid, p.db, p.table, resolve)
+        try:
+            await self.marks.write(conn, slot, wid, LOW)
+            shape = await describe(conn, p.db, p.table, self.stats)
+            if shape is None:
+                return await self._finish(key, p, rev, snap.DROPPED, "the table no longer exists")
+            if list(shape.key) != p.key:
+                if p.last_key is not None:
+                    self.log.warning("snapshot.key_changed", table=p.name, old=p.key, new=list(shape.key))
+                p = replace(p, key=list(shape.key), key_kind=shape.key_kind, last_key=None,
+                            estimate=max(p.estimate, shape.estimate))
+            try:
+                rows, last_key = await self._read(conn, shape, p.last_key)
+            except (UnsupportedColumn, DecodeError) as exc:
+                return await self._finish(key, p, rev, snap.FAILED, str(exc))
+            self.windows.fill(wid, Chunk(shape.schema, shape.key, rows))
+            await self.marks.write(conn, slot, wid, HIGH)
+            outcome = await self._await(outcome_fut, p)
+        finally:
+            self.windows.close(wid)
+        if outcome.retry:
+            self._retries.inc()
+            self.log.info("snapshot.retry", table=p.name, chunk=p.chunks, reason=outcome.retry)
+            p = replace(p, retries=p.retries + 1, updated_ms=now_ms())
+            return p, await self._save(key, p, rev)
+        if outcome.scn is not None:
+            await self.acked.wait_past(outcome.scn)
+        done = not shape.key or len(rows) < self.cfg.snapshot_chunk_rows
+        p = p.advanced(last_key=last_key if rows else p.last_key, rows=outcome.emitted, now_ms=now_ms(), done=done)
+        rev = await self._save(key, p, rev)
+        self._chunks.inc()
+        self._rows.set(p.rows, table=p.name)
+        await self.limiter.spend(len(rows))
+        return p, rev
+
+    async def _read(self, conn: Any, shape: TableShape,
+                    last_key: list[Any] | None) -> tuple[list[dict[str, Any]], list[Any] | None]:
+        """One chunk in key order after `last_key` (the whole table when it has no key)."""
+        schema = shape.schema
+        names = tuple(c.name for c in schema.columns)
+        by_name = {c.name: (i, c) for i, c in enumerate(schema.columns)}
+        key_cols = [by_name[k] for k in shape.key]
+        sql = chunk_sql(schema.db, schema.table, names, shape.key, after=last_key is not None,
+                        limit=self.cfg.snapshot_chunk_rows, placeholders=tuple(placeholder(c) for _, c in key_cols))
+        params = keyset_params(tuple(last_key)) if last_key is not None else []
+        decode = row_decoder(schema.columns, self.stats)
+        rows: list[dict[str, Any]] = []
+        raw: tuple[Any, ...] | None = None
+        async with conn.cursor(SSCursor) as cur:
+            await cur.execute(sql, params)
+            async for raw in cur:
+                rows.append(decode(raw))
+        if raw is None or not key_cols:
+            return rows, None
+        return rows, [key_param(c, raw[i]) for i, c in key_cols]
+
+    async def _await(self, fut: asyncio.Future[Outcome], p: snap.TableProgress) -> Outcome:
+        """The binlog thread closes the window when it reaches H; say so if that takes long."""
+        waited = 0.0
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), 30.0)
+            except TimeoutError:
+                waited += 30.0
+                self.log.warning("snapshot.waiting_for_binlog", table=p.name, waited_s=waited,
+                                 hint="the parser reads the binlog slower than the snapshot writes watermarks")
+
+    async def _finish(self, key: str, p: snap.TableProgress, rev: int, state: str,
+                      error: str) -> tuple[snap.TableProgress, int]:
+        t = now_ms()
+        p = replace(p, state=state, error=error, updated_ms=t, finished_ms=t)
+        self.log.warning("snapshot.stopped", table=p.name, state=state, error=error)
+        return p, await self._save(key, p, rev)
+

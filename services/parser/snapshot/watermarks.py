@@ -1,0 +1,82 @@
+"""The watermark table in the source, and the snapshot's own connection to the source.
+
+Each chunk writes two rows into `binlake.watermarks` (configurable): a low and a high
+watermark. The writes are ordinary autocommit transactions, so they land in the binlog
+between the changes around them; the parser recognises them and never publishes them.
+One row per (source, slot) is overwritten again and again, so the table stays tiny.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncmy
+import asyncmy.converters
+import asyncmy.errors
+
+from services.parser.binlog import SourceDsn, map_mysql_error
+from services.parser.snapshot.catalog import quote
+from shared.errors import MissingPrivilege
+
+
+# Python -> SQL encoders only: without decoders every value arrives as the server's bytes.
+ENCODERS_ONLY = {k: f for k, f in asyncmy.converters.conversions.items() if not isinstance(k, int)}
+
+
+async def connect(dsn: SourceDsn) -> Any:
+    """A connection whose SELECTs return the server's raw bytes (see snapshot.values)."""
+    try:
+        return await asyncmy.connect(
+            host=dsn.host, port=dsn.port, user=dsn.user, password=dsn.password, connect_timeout=10,
+            autocommit=True, charset="utf8mb4", use_unicode=False, conv=ENCODERS_ONLY,
+            init_command="SET character_set_results = NULL, time_zone = '+00:00'",
+        )
+    except (asyncmy.errors.MySQLError, OSError) as exc:
+        raise map_mysql_error(exc, f"{dsn.host}:{dsn.port}") from exc
+
+
+class Watermarks:
+    """Writes low/high watermarks for one source through a snapshot connection."""
+
+    def __init__(self, table: tuple[str, str], source: str) -> None:
+        self.table = table
+        self.source = source
+        self._name = f"{quote(table[0])}.{quote(table[1])}"
+
+    async def ensure(self, conn: Any) -> None:
+        """Create the watermark table if it is missing (only then: DDL lands in the binlog)."""
+        db, table = self.table
+        try:
+            async with conn.cursor() as cur:
+                await cur.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
+                                  "TABLE_NAME = %s", (db, table))
+                if await cur.fetchone():
+                    return
+                await cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(db)}")
+                await cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {self._name} (src VARCHAR(190) NOT NULL, slot INT NOT NULL, "
+                    "win VARCHAR(100) NOT NULL, mark CHAR(1) NOT NULL, PRIMARY KEY (src, slot)) ENGINE=InnoDB"
+                )
+        except asyncmy.errors.MySQLError as exc:
+            raise self._error(exc) from exc
+
+    async def write(self, conn: Any, slot: int, window_id: str, mark: str) -> None:
+        try:
+            async with conn.cursor() as cur:
+                await cur.execute(
+                    f"INSERT INTO {self._name} (src, slot, win, mark) VALUES (%s, %s, %s, %s) "
+                    "ON DUPLICATE KEY UPDATE win = VALUES(win), mark = VALUES(mark)",
+                    (self.source, slot, window_id, mark),
+                )
+        except asyncmy.errors.MySQLError as exc:
+            raise self._error(exc) from exc
+
+    def _error(self, exc: Exception) -> Exception:
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+        if code in (1044, 1142, 1227):
+            return MissingPrivilege(
+                f"snapshots write watermarks into {self.table[0]}.{self.table[1]} and the source user may not "
+                f"({exc.args[1] if len(exc.args) > 1 else exc}); "
+                f"GRANT CREATE, INSERT, UPDATE ON `{self.table[0]}`.* TO <user>"
+            )
+        return map_mysql_error(exc, "snapshot watermark")

@@ -1,0 +1,152 @@
+"""DBLog watermark windows, shared by the snapshotter (event loop) and the binlog thread.
+
+For every chunk the snapshotter opens a window, writes the low watermark L into the source,
+SELECTs the chunk, hands it over (`fill`), and writes the high watermark H. The binlog thread
+sees L, then every change in between, then H, in binlog order. At H it drops the chunk rows
+whose key changed between L and H (the binlog already carries their newer state) and emits
+the rest as `op = "r"` at H's position, inside the parser's own ordered, de-duplicated
+chain. The result equals the source at H whatever was written meanwhile.
+
+Pure apart from a lock: the binlog thread and the event loop both call in.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.parser.columns import TableSchema
+
+LOW, HIGH = "L", "H"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What the snapshotter read between L and H."""
+
+    schema: TableSchema
+    key: tuple[str, ...]  # () = rows are matched by every column (tables without a key)
+    rows: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the binlog thread closed a window."""
+
+    emitted: int = 0
+    scn: int | None = None  # order key of the emitted messages; None when nothing was published
+    retry: str | None = None  # why the chunk must be read again
+
+
+@dataclass
+class Window:
+    id: str
+    db: str
+    table: str
+    resolve: Callable[[Outcome], None]
+    low_seen: bool = False
+    chunk: Chunk | None = None
+    changed: list[dict[str, Any]] = field(default_factory=list)
+    spoiled: str | None = None
+
+
+def _freeze(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def row_key(row: dict[str, Any], key: tuple[str, ...]) -> tuple[Any, ...]:
+    if key:
+        return tuple(_freeze(row.get(k)) for k in key)
+    return tuple(sorted((k, _freeze(x)) for k, x in row.items()))
+
+
+def surviving(chunk: Chunk, changed: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chunk rows whose key no change between the watermarks touched."""
+    touched = {row_key(image, chunk.key) for image in changed}
+    return [row for row in chunk.rows if row_key(row, chunk.key) not in touched]
+
+
+Emit = Callable[[TableSchema, list[dict[str, Any]]], int | None]
+
+
+class Windows:
+    """Open windows by id and by table; `active` is read without the lock on the hot path."""
+
+    def __init__(self, source: str, watermark_table: tuple[str, str]) -> None:
+        self.source = source
+        self.watermark_table = watermark_table
+        self._lock = threading.Lock()
+        self._by_id: dict[str, Window] = {}
+        self.active = False
+
+    # -- event loop side ----------------------------------------------------------------
+
+    def open(self, window_id: str, db: str, table: str, resolve: Callable[[Outcome], None]) -> None:
+        with self._lock:
+            self._by_id[window_id] = Window(window_id, db, table, resolve)
+            self.active = True
+
+    def fill(self, window_id: str, chunk: Chunk) -> None:
+        with self._lock:
+            w = self._by_id.get(window_id)
+            if w is not None:
+                w.chunk = chunk
+
+    def close(self, window_id: str) -> None:
+        with self._lock:
+            self._by_id.pop(window_id, None)
+            self.active = bool(self._by_id)
+
+    # -- binlog thread side -------------------------------------------------------------
+
+    def is_watermark(self, db: str, table: str) -> bool:
+        return (db, table) == self.watermark_table
+
+    def on_rows(self, db: str, table: str, rows: list[dict[str, Any]]) -> None:
+        """A rows event of a user table: remember the images of windows past their L."""
+        with self._lock:
+            for w in self._by_id.values():
+                if w.low_seen and w.table == table and w.db == db:
+                    for row in rows:
+                        w.changed.extend(image for image in (row.get("before"), row.get("after")) if image)
+
+    def on_ddl(self, tables: list[tuple[str, str]] | None, sql: str) -> None:
+        """DDL between L and H may have changed what SELECT saw: such windows read again."""
+        with self._lock:
+            for w in self._by_id.values():
+                if w.low_seen and (tables is None or (w.db, w.table) in tables or (w.db, "") in tables):
+                    w.spoiled = f"DDL between the watermarks: {sql[:120]}"
+
+    def on_watermark(self, rows: list[dict[str, Any]], emit: Emit) -> None:
+        """A write to the watermark table; at H, `emit` publishes the surviving rows."""
+        for row in rows:
+            image = row.get("after") or {}
+            if image.get("src") != self.source:
+                continue
+            with self._lock:
+                w = self._by_id.get(str(image.get("win")))
+                if w is None:
+                    continue  # another run's window (this one restarted since); nothing waits for it
+                if image.get("mark") == LOW:
+                    w.low_seen = True
+                    continue
+                if image.get("mark") != HIGH:
+                    continue
+                self._by_id.pop(w.id)
+                self.active = bool(self._by_id)
+            w.resolve(self._close(w, emit))
+
+    @staticmethod
+    def _close(w: Window, emit: Emit) -> Outcome:
+        if not w.low_seen:
+            return Outcome(retry="the low watermark was not seen")
+        if w.spoiled:
+            return Outcome(retry=w.spoiled)
+        if w.chunk is None:
+            return Outcome(retry="the high watermark came before the chunk was read")
+        rows = surviving(w.chunk, w.changed)
+        if not rows:
+            return Outcome()
+        return Outcome(emitted=len(rows), scn=emit(w.chunk.schema, rows))
