@@ -1,5 +1,7 @@
 -- The least privileges binlake needs: read the binlog (REPLICATION SLAVE), see positions
--- (REPLICATION CLIENT) and read tables for snapshots (SELECT).
+-- (REPLICATION CLIENT), read tables for snapshots (SELECT) and write the snapshot
+-- watermarks into its own schema (`binlake`.`watermarks`, see BINLAKE_WATERMARK_TABLE).
 CREATE USER IF NOT EXISTS 'binlake'@'%' IDENTIFIED BY 'binlake';
 GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO 'binlake'@'%';
+GRANT CREATE, INSERT, UPDATE ON `binlake`.* TO 'binlake'@'%';
 CREATE DATABASE IF NOT EXISTS shop;

@@ -318,3 +318,203 @@ def test_snapshot_survives_two_parser_kills(spark: SparkSession, lake_stack: Sna
     msgs = settle_and_check(spark, stack, workload)
     reads = sum(len(m.env["rows"]) for m in msgs if m.env.get("table") == "big" and m.env["op"] == "r")
     assert reads <= ROWS + workload.statements + 2 * int(CHUNK), "a resumed snapshot started over"
+
+
+# -- table shapes -------------------------------------------------------------------------------
+
+
+def without_binlog(mariadb: MariaDB, *sql: str) -> None:
+    """Rows that were there before binlake: only a snapshot can see them."""
+    conn = mariadb.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            for stmt in sql:
+                cur.execute(stmt)
+    finally:
+        conn.close()
+
+
+def writes(mariadb: MariaDB, stop: threading.Event, errors: list[BaseException], *statements: str) -> threading.Thread:
+    """Run the statements round-robin (each with a growing counter %s) until stopped."""
+    def run() -> None:
+        n = 0
+        conn = mariadb.connect()
+        try:
+            with conn.cursor() as cur:
+                while not stop.is_set():
+                    cur.execute(statements[n % len(statements)].replace("{n}", str(n)))
+                    n += 1
+                    time.sleep(0.002)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_tables_without_key_empty_composite_and_unique_key(mariadb: MariaDB, database: str,
+                                                          parser_factory: ParserFactory, nats_url: str) -> None:
+    db = database
+    parser = parser_factory(BINLAKE_SNAPSHOT_CHUNK_ROWS="700", BINLAKE_SNAPSHOT_POLL_S="0.2",
+                            BINLAKE_SNAPSHOT_MAX_ROWS_S="8000")
+    mariadb.execute(
+        f"CREATE TABLE `{db}`.nokey (a INT, b VARCHAR(10))",
+        f"CREATE TABLE `{db}`.empty (id INT PRIMARY KEY)",
+        f"CREATE TABLE `{db}`.composite (region CHAR(2), id INT, seq BIGINT, v VARCHAR(20), "
+        "PRIMARY KEY (region, id, seq))",
+        f"CREATE TABLE `{db}`.unique_only (code VARCHAR(20) NOT NULL, v INT, n INT NULL, UNIQUE KEY (n), "
+        "UNIQUE KEY (code))",
+    )
+    without_binlog(
+        mariadb,
+        f"INSERT INTO `{db}`.nokey SELECT seq, CONCAT('b', seq) FROM `{db}`.seq_1_to_3000",
+        f"INSERT INTO `{db}`.composite SELECT ELT(1 + seq % 3, 'eu', 'us', 'ap'), seq % 50, seq, CONCAT('v', seq) "
+        f"FROM `{db}`.seq_1_to_10000",
+        f"INSERT INTO `{db}`.unique_only SELECT CONCAT('Code-', seq), seq, NULL FROM `{db}`.seq_1_to_5000",
+    )
+    stop, errors = threading.Event(), []
+    writer = writes(
+        mariadb, stop, errors,
+        f"UPDATE `{db}`.composite SET v = 'w{{n}}' WHERE region = 'us' AND id = {{n}} % 50",
+        f"DELETE FROM `{db}`.composite WHERE region = 'ap' AND seq = 1 + 3 * ({{n}} % 3333)",
+        f"INSERT IGNORE INTO `{db}`.composite VALUES ('eu', {{n}} % 50, 20000 + {{n}}, 'new')",
+        f"UPDATE `{db}`.composite SET region = 'zz' WHERE region = 'eu' AND seq = 3 * ({{n}} % 3333)",
+        f"UPDATE `{db}`.nokey SET b = CONCAT('u', {{n}}) WHERE a = 1 + {{n}} % 3000",
+        f"DELETE FROM `{db}`.nokey WHERE a = 1 + ({{n}} * 7) % 3000",
+        f"INSERT INTO `{db}`.nokey VALUES (100000 + {{n}}, 'ins')",
+        f"UPDATE `{db}`.unique_only SET v = -{{n}} WHERE code = CONCAT('Code-', 1 + {{n}} % 5000)",
+    )
+    done = snapshot_cli(nats_url, rf"{db}\.(nokey|empty|composite|unique_only)", timeout=300)
+    stop.set()
+    writer.join(10)
+    assert not errors, errors
+    assert done.returncode == 0, done.stderr + parser.output[-3000:]
+    assert "snapshot done: 4 table(s)" in done.stderr
+
+    def replayed_equals_source() -> list[StoredMsg] | None:
+        msgs = read_stream_sync(nats_url)
+        comp = {k: r["v"] for k, r in replay_all(msgs, db, "composite",
+                                                 lambda r: (r["region"], r["id"], r["seq"])).items()}
+        uniq = {k: r["v"] for k, r in replay_all(msgs, db, "unique_only", lambda r: r["code"]).items()}
+        nokey = set(replay_all(msgs, db, "nokey", lambda r: (r["a"], r["b"])))
+        ok = (comp == {tuple(r[:3]): r[3] for r in mariadb.query(f"SELECT * FROM `{db}`.composite")}
+              and uniq == {r[0]: r[1] for r in mariadb.query(f"SELECT code, v FROM `{db}`.unique_only")}
+              and nokey == set(mariadb.query(f"SELECT a, b FROM `{db}`.nokey")))
+        return msgs if ok else None
+
+    msgs = wait_until(replayed_equals_source, 60, "the stream replayed to equal every source table", interval=1)
+    assert not snapshot_rows(msgs, db, "empty")
+    assert_table_order(msgs)
+    states = {t: progress(nats_url, db, t) for t in ("nokey", "empty", "composite", "unique_only")}
+    assert {t: (s or {}).get("key_kind") for t, s in states.items()} == {
+        "nokey": "none", "empty": "primary", "composite": "primary", "unique_only": "unique"}
+    assert states["empty"]["rows"] == 0 and states["empty"]["state"] == "done"  # type: ignore[index]
+    assert states["nokey"]["chunks"] == 1  # type: ignore[index]  # read whole, in one window
+    assert states["composite"]["chunks"] >= 10000 // 700  # type: ignore[index]
+    assert snapshot_rows(msgs, db, "composite")[0].env["pk"] == ["region", "id", "seq"]
+    assert snapshot_rows(msgs, db, "nokey")[0].env["pk"] == []
+
+
+# -- operations -------------------------------------------------------------------------------------
+
+
+def test_new_tables_are_snapshotted_on_first_sight_and_progress_is_visible(
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
+    from tests.integration.test_parser_operations import free_port, http_get, parse_metrics
+
+    db = database
+    port = free_port()
+    parser_factory(BINLAKE_SNAPSHOT_TABLES=rf"{db}\.auto_.*", BINLAKE_SNAPSHOT_SCAN_S="0.5",
+                   BINLAKE_SNAPSHOT_POLL_S="0.2", BINLAKE_METRICS_PORT=str(port))
+    mariadb.execute(f"CREATE TABLE `{db}`.auto_items (id INT PRIMARY KEY, name VARCHAR(20))",
+                    f"CREATE TABLE `{db}`.other (id INT PRIMARY KEY)")
+    without_binlog(mariadb, f"INSERT INTO `{db}`.auto_items SELECT seq, CONCAT('n', seq) FROM `{db}`.seq_1_to_1234",
+                   f"INSERT INTO `{db}`.other VALUES (1)")
+    state = wait_until(lambda: (s := progress(nats_url, db, "auto_items")) and s["state"] == "done" and s, 60,
+                       "the automatic snapshot")
+    assert state["rows"] == 1234 and state["run"].startswith("auto-")
+    assert progress(nats_url, db, "other") is None
+    msgs = snapshot_rows(read_stream_sync(nats_url), db, "auto_items")
+    assert sum(len(m.env["rows"]) for m in msgs) == 1234
+
+    status = subprocess.run([sys.executable, "-m", "services.cli", "status", "--json"], cwd=ROOT,
+                            env={"BINLAKE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"},
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    snaps = {s["table"]: s for s in json.loads(status.stdout)["snapshots"]}
+    assert snaps[f"{db}.auto_items"]["state"] == "done" and snaps[f"{db}.auto_items"]["rows"] == 1234
+    text = subprocess.run([sys.executable, "-m", "services.cli", "status"], cwd=ROOT,
+                          env={"BINLAKE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60).stdout
+    assert f"{db}.auto_items: done 1234/1234 rows (100%)" in text, text
+
+    metrics = parse_metrics(http_get(f"http://127.0.0.1:{port}/metrics")[1])
+    label = f'{{table="{db}.auto_items"}}'
+    assert metrics[f"binlake_parser_snapshot_rows{label}"] == 1234
+    assert metrics[f"binlake_parser_snapshot_done{label}"] == 1
+    assert metrics["binlake_parser_snapshot_chunks_total"] >= 1
+
+
+def test_killing_the_cli_leaves_the_snapshot_running(mariadb: MariaDB, database: str,
+                                                     parser_factory: ParserFactory, nats_url: str) -> None:
+    db = database
+    parser_factory(BINLAKE_SNAPSHOT_CHUNK_ROWS="500", BINLAKE_SNAPSHOT_MAX_ROWS_S="5000",
+                   BINLAKE_SNAPSHOT_POLL_S="0.2")
+    mariadb.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY)")
+    without_binlog(mariadb, f"INSERT INTO `{db}`.t SELECT seq FROM `{db}`.seq_1_to_10000")
+    cli = subprocess.Popen([sys.executable, "-m", "services.cli", "snapshot", f"{db}.t"], cwd=ROOT,
+                           env={"BINLAKE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: (progress(nats_url, db, "t") or {}).get("chunks", 0) >= 2, 60, "two chunks")
+    cli.kill()
+    cli.wait(10)
+    state = wait_until(lambda: (s := progress(nats_url, db, "t")) and s["state"] == "done" and s, 60,
+                       "the snapshot to finish without its CLI")
+    assert state["rows"] == 10000
+
+
+def test_snapshot_failures_are_clear(mariadb: MariaDB, database: str, parser_factory: ParserFactory,
+                                     nats_url: str) -> None:
+    db = database
+    bad_regex = snapshot_cli(nats_url, "shop.(")
+    assert bad_regex.returncode == 1 and "not a table name or regular expression" in bad_regex.stderr
+
+    nobody = snapshot_cli(nats_url, f"{db}.t", "--accept-timeout", "1")
+    assert nobody.returncode == 1
+    assert "no parser of source 'main' took the request" in nobody.stderr, nobody.stderr
+
+    mariadb.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY)",
+                    f"CREATE TABLE `{db}`.odd (id INT PRIMARY KEY, u INET6)")
+    without_binlog(mariadb, f"INSERT INTO `{db}`.t VALUES (1)", f"INSERT INTO `{db}`.odd VALUES (1, '::1')")
+    parser = parser_factory(BINLAKE_SNAPSHOT_POLL_S="0.2")  # the request filed above is taken now
+    wait_until(lambda: (s := progress(nats_url, db, "t")) and s["state"] == "done", 60, "the filed request's snapshot")
+
+    none = snapshot_cli(nats_url, f"{db}.missing")
+    assert none.returncode == 1 and f"no table of the source matches {db}.missing" in none.stderr, none.stderr
+
+    odd = snapshot_cli(nats_url, f"{db}.odd")
+    assert odd.returncode == 1, odd.stderr
+    assert f"{db}.odd: failed" in odd.stderr and "inet6" in odd.stderr, odd.stderr
+    assert parser.running
+
+    # A source user that may read but not write the watermarks: that snapshot fails, capture goes on.
+    user = f"ro_{db[-8:]}"
+    mariadb.execute(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'",
+                    f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '{user}'@'%'")
+    try:
+        parser.stop()
+        limited = parser_factory(wait_ready=False, log_name="parser-ro.log", BINLAKE_SNAPSHOT_POLL_S="0.2",
+                                 BINLAKE_SOURCE_URL=mariadb.dsn(user, "pw"))
+        denied = snapshot_cli(nats_url, f"{db}.t")
+        assert denied.returncode == 1, denied.stderr
+        assert "GRANT CREATE, INSERT, UPDATE ON `binlake`.* TO <user>" in denied.stderr, denied.stderr
+        mariadb.execute(f"INSERT INTO `{db}`.t VALUES (2)")
+        wait_until(lambda: any(m.env.get("table") == "t" and m.env["op"] == "i"
+                               for m in read_stream_sync(nats_url)), 30, "capture to go on")
+        assert limited.running
+    finally:
+        mariadb.execute(f"DROP USER '{user}'@'%'")

@@ -38,7 +38,7 @@ from services.parser.snapshot.watermarks import Watermarks, connect
 from services.parser.snapshot.windows import HIGH, LOW, Chunk, Outcome, Windows
 from services.parser.values import DecodeStats
 from shared import snapshots as snap
-from shared.errors import DecodeError, SnapshotConflict
+from shared.errors import DecodeError, MissingPrivilege, SnapshotConflict
 from shared.jetstream import kv_entries, nats_errors
 from shared.metrics import Registry
 from shared.subjects import Names
@@ -118,7 +118,8 @@ class Snapshotter:
                         del tasks[key]
                         task.result()
                 entries = await self._load()
-                self._export(entries)
+                for p, _ in entries.values():
+                    self._export(p)
                 waiting = sorted((p.requested_ms, key) for key, (p, _) in entries.items() if not p.finished)
                 for _, key in waiting:
                     if key in tasks or len(tasks) >= self.cfg.snapshot_parallel:
@@ -144,16 +145,18 @@ class Snapshotter:
         with nats_errors("snapshot progress"):
             try:
                 if rev is None:
-                    return await self.kv.create(key, p.to_json())
-                return await self.kv.update(key, p.to_json(), last=rev)
+                    rev = await self.kv.create(key, p.to_json())
+                else:
+                    rev = await self.kv.update(key, p.to_json(), last=rev)
             except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyValueError) as exc:
                 raise SnapshotConflict(f"snapshot progress of {p.name} changed under this parser ({exc})") from exc
+        self._export(p)
+        return rev
 
-    def _export(self, entries: dict[str, tuple[snap.TableProgress, int]]) -> None:
-        for p, _ in entries.values():
-            self._rows.set(p.rows, table=p.name)
-            self._estimate.set(max(p.estimate, p.rows), table=p.name)
-            self._done.set(1 if p.state == snap.DONE else 0, table=p.name)
+    def _export(self, p: snap.TableProgress) -> None:
+        self._rows.set(p.rows, table=p.name)
+        self._estimate.set(max(p.estimate, p.rows), table=p.name)
+        self._done.set(1 if p.state == snap.DONE else 0, table=p.name)
 
     async def _accept_requests(self) -> None:
         entries = await kv_entries(self.js, self.bucket, snap.requests_filter(self.cfg.source))
@@ -209,24 +212,47 @@ class Snapshotter:
 
     async def _table(self, key: str, p: snap.TableProgress, rev: int, slot: int) -> None:
         conn = await connect(self.dsn)
+        commit: asyncio.Task[int] | None = None
         try:
-            if not self._ensured:
-                await self.marks.ensure(conn)
-                self._ensured = True
             if p.state == snap.PENDING:
                 t = now_ms()
                 p = replace(p, state=snap.RUNNING, started_ms=t, updated_ms=t)
                 rev = await self._save(key, p, rev)
             self.log.info("snapshot.table", table=p.name, run=p.run, resume_chunk=p.chunks, rows=p.rows)
-            while not p.finished:
-                p, rev = await self._chunk(conn, key, p, rev, slot)
+            try:
+                if not self._ensured:
+                    await self.marks.ensure(conn)
+                    self._ensured = True
+                while not p.finished:
+                    # Chunk k+1 is read while chunk k is still being published; progress is
+                    # written in chunk order, each only after its rows were acknowledged.
+                    p, scn = await self._chunk(conn, p, slot)
+                    commit = asyncio.create_task(self._commit(key, p, scn, commit, rev))
+            except MissingPrivilege as exc:
+                # A snapshot the source does not allow fails alone; change capture goes on.
+                p = self._stopped(p, snap.FAILED, str(exc))
+                commit = asyncio.create_task(self._commit(key, p, None, commit, rev))
+            if commit is not None:
+                await commit
             self.log.info("snapshot.finished", table=p.name, state=p.state, rows=p.rows, chunks=p.chunks,
                           retries=p.retries, error=p.error)
         finally:
+            if commit is not None and not commit.done():
+                commit.cancel()
+                await asyncio.gather(commit, return_exceptions=True)
             conn.close()
 
-    async def _chunk(self, conn: Any, key: str, p: snap.TableProgress, rev: int,
-                     slot: int) -> tuple[snap.TableProgress, int]:
+    async def _commit(self, key: str, p: snap.TableProgress, scn: int | None, before: asyncio.Task[int] | None,
+                      rev: int) -> int:
+        """Write `p` once the previous chunk's progress is written and this chunk's rows are acked."""
+        if before is not None:
+            rev = await before
+        if scn is not None:
+            await self.acked.wait_past(scn)
+        return await self._save(key, p, rev)
+
+    async def _chunk(self, conn: Any, p: snap.TableProgress, slot: int) -> tuple[snap.TableProgress, int | None]:
+        """Read one chunk through a watermark window; the progress it leads to and the scn to wait for."""
         loop = asyncio.get_running_loop()
         outcome_fut: asyncio.Future[Outcome] = loop.create_future()
 
@@ -241,18 +267,23 @@ class Snapshotter:
         self.windows.open(wid, p.db, p.table, resolve)
         try:
             await self.marks.write(conn, slot, wid, LOW)
-            shape = await describe(conn, p.db, p.table, self.stats)
+            try:
+                shape = await describe(conn, p.db, p.table, self.stats)
+            except UnsupportedColumn as exc:
+                return self._stopped(p, snap.FAILED, str(exc)), None
             if shape is None:
-                return await self._finish(key, p, rev, snap.DROPPED, "the table no longer exists")
-            if list(shape.key) != p.key:
-                if p.last_key is not None:
-                    self.log.warning("snapshot.key_changed", table=p.name, old=p.key, new=list(shape.key))
-                p = replace(p, key=list(shape.key), key_kind=shape.key_kind, last_key=None,
-                            estimate=max(p.estimate, shape.estimate))
+                return self._stopped(p, snap.DROPPED, "the table no longer exists"), None
+            last = p.last_key
+            if list(shape.key) != p.key and last is not None:
+                # The chunking key changed (ALTER TABLE): start over; `r` rows are idempotent.
+                self.log.warning("snapshot.key_changed", table=p.name, old=p.key, new=list(shape.key))
+                last = None
+            p = replace(p, key=list(shape.key), key_kind=shape.key_kind, last_key=last,
+                        estimate=max(p.estimate, shape.estimate))
             try:
                 rows, last_key = await self._read(conn, shape, p.last_key)
             except (UnsupportedColumn, DecodeError) as exc:
-                return await self._finish(key, p, rev, snap.FAILED, str(exc))
+                return self._stopped(p, snap.FAILED, str(exc)), None
             self.windows.fill(wid, Chunk(shape.schema, shape.key, rows))
             await self.marks.write(conn, slot, wid, HIGH)
             outcome = await self._await(outcome_fut, p)
@@ -261,17 +292,12 @@ class Snapshotter:
         if outcome.retry:
             self._retries.inc()
             self.log.info("snapshot.retry", table=p.name, chunk=p.chunks, reason=outcome.retry)
-            p = replace(p, retries=p.retries + 1, updated_ms=now_ms())
-            return p, await self._save(key, p, rev)
-        if outcome.scn is not None:
-            await self.acked.wait_past(outcome.scn)
+            return replace(p, retries=p.retries + 1, updated_ms=now_ms()), None
         done = not shape.key or len(rows) < self.cfg.snapshot_chunk_rows
         p = p.advanced(last_key=last_key if rows else p.last_key, rows=outcome.emitted, now_ms=now_ms(), done=done)
-        rev = await self._save(key, p, rev)
         self._chunks.inc()
-        self._rows.set(p.rows, table=p.name)
         await self.limiter.spend(len(rows))
-        return p, rev
+        return p, outcome.scn
 
     async def _read(self, conn: Any, shape: TableShape,
                     last_key: list[Any] | None) -> tuple[list[dict[str, Any]], list[Any] | None]:
@@ -305,10 +331,7 @@ class Snapshotter:
                 self.log.warning("snapshot.waiting_for_binlog", table=p.name, waited_s=waited,
                                  hint="the parser reads the binlog slower than the snapshot writes watermarks")
 
-    async def _finish(self, key: str, p: snap.TableProgress, rev: int, state: str,
-                      error: str) -> tuple[snap.TableProgress, int]:
+    def _stopped(self, p: snap.TableProgress, state: str, error: str) -> snap.TableProgress:
         t = now_ms()
-        p = replace(p, state=state, error=error, updated_ms=t, finished_ms=t)
         self.log.warning("snapshot.stopped", table=p.name, state=state, error=error)
-        return p, await self._save(key, p, rev)
-
+        return replace(p, state=state, error=error, updated_ms=t, finished_ms=t)

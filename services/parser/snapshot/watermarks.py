@@ -18,7 +18,6 @@ from services.parser.binlog import SourceDsn, map_mysql_error
 from services.parser.snapshot.catalog import quote
 from shared.errors import MissingPrivilege
 
-
 # Python -> SQL encoders only: without decoders every value arrives as the server's bytes.
 ENCODERS_ONLY = {k: f for k, f in asyncmy.converters.conversions.items() if not isinstance(k, int)}
 

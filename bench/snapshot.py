@@ -1,0 +1,220 @@
+#!/usr/bin/env python
+"""Snapshot benchmark: `binlake snapshot` into BINLAKE_CDC vs. a plain `SELECT *` through asyncmy.
+
+Starts a private MariaDB and nats-server (tests/servers.py) and fills a table of mixed
+types with N rows that are not in the binlog (sql_log_bin=0, as data that existed before
+binlake). Then, alternately, `--runs` times:
+
+  (a) baseline: `SELECT *` of the whole table streamed through an asyncmy unbuffered
+      cursor (default conversions), every value touched;
+  (b) binlake: parser + one sink worker as subprocesses on a fresh prefix; the time from
+      filing the snapshot request until BINLAKE_CDC holds all N rows as `op = "r"`.
+
+Prints rows/s of both, their ratio, and the chunk cycle time percentiles (time between the
+arrivals of consecutive chunks' last messages in BINLAKE_CDC). Exits non-zero when the CDC
+rows are not exactly the table's rows.
+
+    python bench/snapshot.py [--rows 300000] [--runs 2] [--chunk-rows 4096] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import asyncmy  # noqa: E402
+import msgpack  # noqa: E402
+import nats  # noqa: E402
+from asyncmy.cursors import SSCursor  # noqa: E402
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
+
+from shared import snapshots as snap  # noqa: E402
+from tests.servers import MariaDB, start_mariadb, start_nats  # noqa: E402
+
+DB, TABLE, SOURCE = "bench", "t_snap", "main"
+DDL = (
+    f"CREATE DATABASE {DB} CHARACTER SET utf8mb4",
+    f"""CREATE TABLE {DB}.{TABLE} (id INT PRIMARY KEY, a BIGINT NOT NULL, d DECIMAL(14,4), s VARCHAR(64),
+        dt DATETIME(6), ts TIMESTAMP(3) NULL, doc TEXT, bl VARBINARY(32), e ENUM('red','green','blue'))""",
+)
+
+
+@dataclass
+class Run:
+    name: str
+    rows: int
+    seconds: float
+    cycles_ms: list[float] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+def fill(db: MariaDB, rows: int) -> None:
+    db.execute(*DDL)
+    conn = db.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            cur.execute(
+                f"INSERT INTO {DB}.{TABLE} SELECT seq, seq * 7919, seq / 7, "
+                f"CONCAT('name-', seq, '-', REPEAT('x', seq % 40)), "
+                f"'2020-01-01 00:00:00' + INTERVAL seq SECOND + INTERVAL seq % 999999 MICROSECOND, "
+                f"IF(seq % 5 = 0, NULL, '2001-01-01 00:00:00.001' + INTERVAL seq SECOND), "
+                f"CONCAT('{{\"id\": ', seq, ', \"note\": \"', REPEAT('n', seq % 60), '\"}}'), "
+                f"UNHEX(SHA1(seq)), ELT(1 + seq % 3, 'red', 'green', 'blue') FROM {DB}.seq_1_to_{rows}"
+            )
+    finally:
+        conn.close()
+
+
+async def baseline(db: MariaDB) -> Run:
+    conn = await asyncmy.connect(host=db.host, port=db.port, user="root", password="", autocommit=True)
+    try:
+        started = time.perf_counter()
+        n = values = 0
+        async with conn.cursor(SSCursor) as cur:
+            await cur.execute(f"SELECT * FROM {DB}.{TABLE}")
+            async for row in cur:
+                n += 1
+                values += sum(1 for v in row if v is not None)
+        return Run("SELECT * (asyncmy SSCursor)", n, time.perf_counter() - started)
+    finally:
+        conn.close()
+
+
+def service(module: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", module], env=env, cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+async def binlake(db: MariaDB, nats_url: str, rows: int, prefix: str, chunk_rows: int, logs: Path) -> Run:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env.update(BINLAKE_NATS_URL=nats_url, BINLAKE_SOURCE_URL=db.dsn(), BINLAKE_PREFIX=prefix,
+               BINLAKE_METRICS_PORT="-1", BINLAKE_SNAPSHOT_CHUNK_ROWS=str(chunk_rows),
+               BINLAKE_SNAPSHOT_POLL_S="0.1", BINLAKE_LOG_LEVEL="warning")
+    procs = [service("services.parser", env, logs / f"{prefix}-parser.log"),
+             service("services.sink", env, logs / f"{prefix}-sink.log")]
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        cdc = f"{prefix.upper()}_CDC"
+        while True:  # both services up: the streams and the cursor bucket exist
+            try:
+                await js.stream_info(cdc)
+                kv = await js.key_value(f"{prefix}_cursors")
+                break
+            except Exception:
+                await asyncio.sleep(0.2)
+        got, arrivals = 0, {}
+        done = asyncio.Event()
+
+        async def on_msg(msg: nats.aio.msg.Msg) -> None:
+            nonlocal got
+            env = msgpack.unpackb(msg.data, raw=False, strict_map_key=False)
+            if env["op"] == "r" and env["table"] == TABLE:
+                got += len(env["rows"])
+                arrivals[env["scn"]] = time.perf_counter()
+                if got >= rows:
+                    done.set()
+
+        sub = await js.subscribe(f"{prefix}.cdc.{SOURCE}.{DB}.{TABLE}", cb=on_msg, stream=cdc, config=ConsumerConfig(
+            ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL), ordered_consumer=True)
+        req = snap.SnapshotRequest(id=f"bench-{prefix}", patterns=[f"{DB}.{TABLE}"], created_ms=int(time.time() * 1000))
+        started = time.perf_counter()
+        await kv.create(snap.request_key(SOURCE, req.id), req.to_json())
+        await asyncio.wait_for(done.wait(), 1800)
+        seconds = time.perf_counter() - started
+        await sub.unsubscribe()
+        ends = sorted(arrivals.values())
+        cycles = [(b - a) * 1000 for a, b in itertools.pairwise(ends)]
+        if got != rows:
+            raise SystemExit(f"BINLAKE_CDC holds {got} snapshot rows, the table {rows}")
+        return Run(f"binlake snapshot -> BINLAKE_CDC (chunk {chunk_rows})", got, seconds, cycles)
+    finally:
+        await nc.close()
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(args: argparse.Namespace, workdir: Path) -> int:
+    logs = workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    db = start_mariadb(workdir / "mariadb")
+    try:
+        ns = start_nats(workdir / "nats")
+        try:
+            t0 = time.perf_counter()
+            fill(db, args.rows)
+            print(f"table {DB}.{TABLE}: {args.rows:,} rows of 9 mixed columns, "
+                  f"filled in {time.perf_counter() - t0:.1f}s")
+            base: list[Run] = []
+            ours: list[Run] = []
+            for i in range(args.runs):
+                base.append(asyncio.run(baseline(db)))
+                ours.append(asyncio.run(binlake(db, ns.url, args.rows, f"bench{i}", args.chunk_rows, logs)))
+                print(f"run {i + 1}: baseline {base[-1].rate:>10,.0f} rows/s   binlake {ours[-1].rate:>10,.0f} rows/s")
+        finally:
+            ns.stop()
+    finally:
+        db.stop()
+    b = max(base, key=lambda r: r.rate)
+    o = max(ours, key=lambda r: r.rate)
+    cycles = [c for r in ours for c in r.cycles_ms]
+    print()
+    print(f"{b.name:<45} {b.rate:>12,.0f} rows/s  ({b.rows:,} rows in {b.seconds:.2f}s, best of {len(base)})")
+    print(f"{o.name:<45} {o.rate:>12,.0f} rows/s  ({o.rows:,} rows in {o.seconds:.2f}s, best of {len(ours)})")
+    print(f"ratio binlake / SELECT *: {o.rate / b.rate:.3f}  (median of runs "
+          f"{statistics.median(x.rate for x in ours) / statistics.median(x.rate for x in base):.3f})")
+    print(f"chunk cycle in BINLAKE_CDC: p50 {pct(cycles, 0.5):.0f} ms  p95 {pct(cycles, 0.95):.0f} ms  "
+          f"p99 {pct(cycles, 0.99):.0f} ms  ({len(cycles)} chunks)")
+    return 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=300_000)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--chunk-rows", type=int, default=4096)
+    ap.add_argument("--workdir", type=Path, help="keep servers' files and service logs here (default: temp, removed)")
+    args = ap.parse_args()
+    if args.workdir is not None:
+        sys.exit(run(args, args.workdir.resolve()))
+    workdir = Path(tempfile.mkdtemp(prefix="binlake-bench-"))
+    try:
+        code = run(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
