@@ -13,12 +13,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="binlake up", description="Run the whole binlake stack locally.")
     parser.add_argument("--data-dir", help="where NATS, MariaDB and binlake keep their state (default .binlake)")
     parser.add_argument("--source-url", help="capture this MySQL/MariaDB instead of a private MariaDB")
+    parser.add_argument("--snapshot", metavar="REGEX",
+                        help="load the existing rows of matching tables (regex over db.table), e.g. 'shop\\..*'")
     parser.add_argument("--demo", action="store_true", help="run a sample workload and print the lake as it changes")
     args = parser.parse_args(sys.argv[1:])
     if args.data_dir:
         os.environ["BINLAKE_DATA_DIR"] = args.data_dir
     if args.source_url:
         os.environ["BINLAKE_SOURCE_URL"] = args.source_url
+    if args.snapshot:
+        os.environ["BINLAKE_SNAPSHOT_TABLES"] = args.snapshot
     if args.demo:
         os.environ["BINLAKE_DEMO"] = "1"
     run_service("up", LauncherConfig.from_env, app.main)

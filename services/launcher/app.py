@@ -47,6 +47,8 @@ def child_env(cfg: LauncherConfig, data: Path, nats_url: str, source_url: str) -
     env.update(BINLAKE_NATS_URL=nats_url, BINLAKE_SOURCE_URL=source_url, BINLAKE_SOURCE=cfg.source,
                BINLAKE_PREFIX=cfg.prefix, BINLAKE_LOG_LEVEL=cfg.log_level, BINLAKE_METRICS_PORT="0",
                BINLAKE_DATA_DIR=str(data), BINLAKE_FLUSH_S="2")
+    if cfg.snapshot_tables:
+        env["BINLAKE_SNAPSHOT_TABLES"] = cfg.snapshot_tables
     return env
 
 

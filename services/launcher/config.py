@@ -18,6 +18,7 @@ class LauncherConfig:
     prefix: str = "binlake"
     sinks: int = 2
     demo: bool = False  # also run a sample workload and print the lake table as it changes
+    snapshot_tables: str = ""  # regex over db.table: the parser snapshots matching tables on first sight
     log_level: str = "info"
 
     @classmethod

@@ -34,7 +34,7 @@ from tests.integration.support import (
     wait_until,
 )
 from tests.integration.test_parser_types import MATRIX, _insert_sql
-from tests.servers import MariaDB
+from tests.servers import MariaDB, NatsServer
 
 ROWS = 100_000
 CHUNK = "2000"
@@ -518,3 +518,38 @@ def test_snapshot_failures_are_clear(mariadb: MariaDB, database: str, parser_fac
         assert limited.running
     finally:
         mariadb.execute(f"DROP USER '{user}'@'%'")
+
+
+@pytest.mark.timeout(600)
+def test_snapshot_survives_a_mariadb_crash_and_a_nats_restart(mariadb_factory: Callable[..., MariaDB],
+                                                               parser_factory: ParserFactory,
+                                                               nats_server: NatsServer, nats_url: str) -> None:
+    server = mariadb_factory()
+    server.execute("CREATE DATABASE s CHARACTER SET utf8mb4", "CREATE TABLE s.t (id INT PRIMARY KEY, v VARCHAR(20))")
+    without_binlog(server, "INSERT INTO s.t SELECT seq, CONCAT('v', seq) FROM s.seq_1_to_30000")
+    parser = parser_factory(BINLAKE_SOURCE_URL=server.dsn(), BINLAKE_SNAPSHOT_CHUNK_ROWS="500",
+                            BINLAKE_SNAPSHOT_MAX_ROWS_S="5000", BINLAKE_SNAPSHOT_POLL_S="0.2")
+    assert snapshot_cli(nats_url, "s.t", "--no-wait").returncode == 0
+
+    def chunks() -> int:
+        return int((progress(nats_url, "s", "t") or {}).get("chunks", 0))
+
+    wait_until(lambda: chunks() >= 5, 60, "five chunks")
+    server.kill()
+    time.sleep(1)
+    server.start()
+    at_crash = chunks()
+    wait_until(lambda: chunks() >= at_crash + 10, 120, "ten more chunks after the crash")
+    nats_server.stop()
+    time.sleep(2)
+    nats_server.start()
+    state = wait_until(lambda: (s := progress(nats_url, "s", "t")) and s["state"] == "done" and s, 180,
+                       "the snapshot to finish")
+    assert state["rows"] == 30000
+    assert parser.running, parser.output[-3000:]
+    server.execute("UPDATE s.t SET v = 'after' WHERE id <= 10", "DELETE FROM s.t WHERE id > 29990")
+    source = {r[0]: r[1] for r in server.query("SELECT id, v FROM s.t")}
+    wait_until(lambda: {k: r["v"] for k, r in replay_all(read_stream_sync(nats_url), "s", "t", by_id).items()}
+               == source, 60, "the stream replayed to equal the source")
+    restarts = [line for line in parser.output.splitlines() if '"actor.restart"' in line]
+    assert any("SourceUnavailable" in line for line in restarts), "the pipeline restarted after the crash"

@@ -1,0 +1,27 @@
+"""`binlake up` hands the snapshot option to its children and nothing of the caller's BINLAKE_* settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.launcher.app import child_env
+from services.launcher.config import LauncherConfig
+
+
+def test_snapshot_tables_reach_the_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BINLAKE_SNAPSHOT_CHUNK_ROWS", "7")  # the caller's own settings do not leak
+    cfg = LauncherConfig(snapshot_tables=r"shop\..*")
+    env = child_env(cfg, Path("/data"), "nats://127.0.0.1:1", "mysql://root@127.0.0.1:2")
+    assert env["BINLAKE_SNAPSHOT_TABLES"] == r"shop\..*"
+    assert "BINLAKE_SNAPSHOT_CHUNK_ROWS" not in env
+
+
+def test_no_snapshot_option_no_variable() -> None:
+    env = child_env(LauncherConfig(), Path("/data"), "nats://127.0.0.1:1", "mysql://root@127.0.0.1:2")
+    assert "BINLAKE_SNAPSHOT_TABLES" not in env
+
+
+def test_the_option_is_read_from_the_environment() -> None:
+    assert LauncherConfig.from_env({"BINLAKE_SNAPSHOT_TABLES": "a\\.b"}).snapshot_tables == "a\\.b"
