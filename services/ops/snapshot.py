@@ -30,19 +30,23 @@ class SnapshotFailed(BinlakeError):
     """The parser refused the request or a table's snapshot failed."""
 
 
-def bar(done: int, total: int, width: int = 28) -> str:
+def bar(done: int, total: int | None, width: int = 28) -> str:
+    """`[####....]  42.0%`; an unknown total (None) draws an empty bar and `?`."""
+    if total is None:
+        return "[" + "." * width + "]     ?%"
     frac = 1.0 if total <= 0 else min(1.0, done / total)
     filled = int(frac * width)
     return "[" + "#" * filled + "." * (width - filled) + f"] {frac * 100:5.1f}%"
 
 
 def line(p: snap.TableProgress, rate: float | None) -> str:
-    total = max(p.estimate, p.rows)
-    if p.state == snap.DONE:
-        total = p.rows
+    total: int | None = p.rows if p.finished else p.estimate
+    if not p.finished and p.estimate <= p.rows:
+        total = None  # the estimate is stale or missing: never show 100% before the end
     speed = f"  {rate:,.0f} rows/s" if rate else ""
     tail = f"  {p.error}" if p.error else ""
-    return f"{p.name:<40} {bar(p.rows, total)} {p.rows:>12,}/{total:<12,} {p.state}{speed}{tail}"
+    shown = "?" if total is None else f"{total:,}"
+    return f"{p.name:<40} {bar(p.rows, total)} {p.rows:>12,}/{shown:<12} {p.state}{speed}{tail}"
 
 
 class Progress:

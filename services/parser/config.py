@@ -41,6 +41,9 @@ class ParserConfig(config.ServiceConfig):
             raise ConfigError(f"BINLAKE_SNAPSHOT_CHUNK_ROWS must be at least 1, got {self.snapshot_chunk_rows}")
         if not 1 <= self.snapshot_parallel <= 64:
             raise ConfigError(f"BINLAKE_SNAPSHOT_PARALLEL must be 1..64, got {self.snapshot_parallel}")
+        if self.snapshot_poll_s <= 0 or self.snapshot_scan_s <= 0:
+            raise ConfigError("BINLAKE_SNAPSHOT_POLL_S and BINLAKE_SNAPSHOT_SCAN_S must be > 0, got "
+                              f"{self.snapshot_poll_s} and {self.snapshot_scan_s}")
         if self.snapshot_max_rows_s < 0:
             raise ConfigError(f"BINLAKE_SNAPSHOT_MAX_ROWS_S must be >= 0, got {self.snapshot_max_rows_s}")
         try:

@@ -153,7 +153,9 @@ class Assembler:
             self._txn = _Txn(id=f"{file}:{start}", start=Resume(file, start, self._state_str()), gtid=None,
                              domain=None, ddl_ends=True)
         scn = envelope.scn(file, start)
-        targets = [t for t in dict.fromkeys(stmt.tables) if t not in self.ignore] or [(db, "")]
+        named = list(dict.fromkeys(stmt.tables))
+        # DDL of binlake's own tables (the watermarks) is not published; DDL naming no table is.
+        targets = [t for t in named if t not in self.ignore] if named else [(db, "")]
         for idx, (tdb, table) in enumerate(targets):
             env = self._env("ddl", tdb, table or None, file, start, scn, ts, idx)
             env["ddl"] = sql

@@ -31,6 +31,7 @@ _BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblo
 # Key types whose SQL order the keyset condition `k > last` follows exactly.
 KEYSET_CODES = frozenset({v.TINY, v.SHORT, v.INT24, v.LONG, v.LONGLONG, v.NEWDECIMAL, v.DATE, v.DATETIME2,
                           v.TIMESTAMP2, v.TIME2, v.YEAR, v.STRING, v.VARCHAR, v.VAR_STRING})
+_NUMERIC = frozenset({v.TINY, v.SHORT, v.INT24, v.LONG, v.LONGLONG, v.FLOAT, v.DOUBLE, v.NEWDECIMAL})
 _MEMBER = re.compile(r"'((?:[^']|'')*)'")
 
 
@@ -83,7 +84,9 @@ def column_from_catalog(row: dict[str, Any]) -> Column:
     collation = "binary" if data_type in _BINARY_TYPES else str(row["COLLATION_NAME"] or "")
     return build_column(
         str(row["COLUMN_NAME"]), code, str(row["IS_NULLABLE"]).upper() == "YES", collation=collation,
-        unsigned="unsigned" in column_type.lower() or code == v.YEAR,  # the TableMap flags YEAR unsigned
+        # Only numeric columns carry the flag (an ENUM member may be called 'unsigned'); the
+        # TableMap flags YEAR unsigned too.
+        unsigned=(code in _NUMERIC and " unsigned" in column_type.lower()) or code == v.YEAR,
         precision=int(row["NUMERIC_PRECISION"] or 0) if code == v.NEWDECIMAL else 0,
         scale=int(row["NUMERIC_SCALE"] or 0) if code == v.NEWDECIMAL else 0,
         fsp=int(row["DATETIME_PRECISION"] or 0) if code in (v.DATETIME2, v.TIMESTAMP2, v.TIME2) else 0,

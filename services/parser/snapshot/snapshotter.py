@@ -329,7 +329,8 @@ class Snapshotter:
             except TimeoutError:
                 waited += 30.0
                 self.log.warning("snapshot.waiting_for_binlog", table=p.name, waited_s=waited,
-                                 hint="the parser reads the binlog slower than the snapshot writes watermarks")
+                                 hint="the binlog reader has not reached the high watermark yet: it is behind, "
+                                      "or a binlog filter (binlog_ignore_db) hides the watermark table")
 
     def _stopped(self, p: snap.TableProgress, state: str, error: str) -> snap.TableProgress:
         t = now_ms()

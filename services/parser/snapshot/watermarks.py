@@ -78,4 +78,9 @@ class Watermarks:
                 f"({exc.args[1] if len(exc.args) > 1 else exc}); "
                 f"GRANT CREATE, INSERT, UPDATE ON `{self.table[0]}`.* TO <user>"
             )
+        if code in (1290, 1836):  # --read-only / super_read_only, or a replica
+            return MissingPrivilege(
+                f"the source is read-only ({exc.args[1] if len(exc.args) > 1 else exc}); snapshots write "
+                f"watermarks into {self.table[0]}.{self.table[1]}: point BINLAKE_SOURCE_URL at the primary"
+            )
         return map_mysql_error(exc, "snapshot watermark")

@@ -1,0 +1,379 @@
+"""DBLog watermark windows: which chunk rows survive between L and H, and when a chunk is read again (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.parser import values as v
+from services.parser.columns import Column, TableSchema
+from services.parser.snapshot.windows import HIGH, LOW, Chunk, Outcome, Windows, row_key, surviving
+
+SRC = "main"
+WATERMARKS = ("binlake", "watermarks")
+SCN = 4242
+
+T = TableSchema(
+    db="shop",
+    table="orders",
+    columns=(
+        Column("id", "int", False, v.ColumnType(v.LONG)),
+        Column("v", "varchar", True, v.ColumnType(v.VARCHAR, length=40, encoding="utf-8"), "utf8mb4"),
+    ),
+    pk=("id",),
+)
+
+
+def row(i: int, val: str = "x") -> dict[str, Any]:
+    return {"id": i, "v": val}
+
+
+def chunk(*ids: int, key: tuple[str, ...] = ("id",)) -> Chunk:
+    return Chunk(T, key, [row(i) for i in ids])
+
+
+def mark(win: str, m: str, src: str = SRC, slot: int = 0) -> dict[str, Any]:
+    """A rows-event row of the watermark table, as the binlog thread decodes it."""
+    return {"after": {"src": src, "slot": slot, "win": win, "mark": m}}
+
+
+def ins(r: dict[str, Any]) -> dict[str, Any]:
+    return {"after": r}
+
+
+def upd(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    return {"before": before, "after": after}
+
+
+def dele(r: dict[str, Any]) -> dict[str, Any]:
+    return {"before": r}
+
+
+class Harness:
+    """A Windows with one recorder per window id and an `emit` that records what it publishes."""
+
+    def __init__(self) -> None:
+        self.w = Windows(SRC, WATERMARKS)
+        self.outcomes: dict[str, list[Outcome]] = {}
+        self.emitted: list[tuple[TableSchema, list[dict[str, Any]]]] = []
+
+    def emit(self, schema: TableSchema, rows: list[dict[str, Any]]) -> int | None:
+        self.emitted.append((schema, rows))
+        return SCN
+
+    def open(self, wid: str = "w1", db: str = "shop", table: str = "orders") -> None:
+        self.outcomes[wid] = []
+        self.w.open(wid, db, table, self.outcomes[wid].append)
+
+    def marks(self, *rows: dict[str, Any]) -> None:
+        self.w.on_watermark(list(rows), self.emit)
+
+    def outcome(self, wid: str = "w1") -> Outcome:
+        (out,) = self.outcomes[wid]
+        return out
+
+    def run(self, fill: Chunk | None, between: list[dict[str, Any]],
+            before: tuple[dict[str, Any], ...] | list[dict[str, Any]] = ()) -> Outcome:
+        """Open w1, changes `before` L, L, changes `between`, fill, H."""
+        self.open()
+        if before:
+            self.w.on_rows("shop", "orders", list(before))
+        self.marks(mark("w1", LOW))
+        if between:
+            self.w.on_rows("shop", "orders", between)
+        if fill is not None:
+            self.w.fill("w1", fill)
+        self.marks(mark("w1", HIGH))
+        return self.outcome()
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+# -- row_key / surviving ---------------------------------------------------------------------------
+
+
+def test_row_key_picks_the_key_columns_in_key_order() -> None:
+    assert row_key({"a": 1, "b": "x", "c": 2.5}, ("c", "a")) == (2.5, 1)
+    assert row_key({"a": 1}, ("a", "missing")) == (1, None)
+
+
+def test_row_key_without_key_is_the_whole_row_image_independent_of_column_order() -> None:
+    assert row_key({"a": 1, "b": 2}, ()) == row_key({"b": 2, "a": 1}, ())
+    assert row_key({"a": 1, "b": 2}, ()) != row_key({"a": 1, "b": 3}, ())
+
+
+def test_set_values_are_hashable_in_keys() -> None:
+    key = row_key({"id": 1, "tags": ["x", "z"]}, ("tags", "id"))
+    assert key == (("x", "z"), 1)
+    assert hash(key) == hash((("x", "z"), 1))
+    keyless = row_key({"id": 1, "tags": ["x"]}, ())
+    assert hash(keyless) == hash(row_key({"tags": ["x"], "id": 1}, ()))
+
+
+def test_surviving_drops_every_touched_key_and_keeps_chunk_order() -> None:
+    c = chunk(5, 1, 3, 2)
+    assert surviving(c, [row(3, "new"), row(9)]) == [row(5), row(1), row(2)]
+    assert surviving(c, []) == c.rows
+
+
+def test_surviving_with_a_set_typed_key() -> None:
+    c = Chunk(T, ("tags",), [{"id": 1, "tags": ["a"]}, {"id": 2, "tags": ["a", "b"]}])
+    assert surviving(c, [{"id": 7, "tags": ["a", "b"]}]) == [{"id": 1, "tags": ["a"]}]
+
+
+# -- what survives at H ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "dropped"),
+    [
+        (upd(row(2), row(2, "y")), {2}),
+        (upd(row(2), row(7)), {2, 7}),  # a primary-key move touches both the old and the new key
+        (upd(row(9), row(3)), {3}),  # a row moved onto a key the chunk holds
+        (dele(row(4)), {4}),
+        (ins(row(5)), {5}),  # SELECT saw the insert too; the binlog carries it already
+        (ins(row(99)), set()),  # outside the chunk: nothing to drop
+    ],
+    ids=["update", "pk-move-out", "pk-move-in", "delete", "insert-in-chunk", "insert-elsewhere"],
+)
+def test_rows_changed_between_the_watermarks_are_dropped(h: Harness, change: dict[str, Any],
+                                                         dropped: set[int]) -> None:
+    ids = [1, 2, 3, 4, 5, 7]
+    out = h.run(chunk(*ids), [change])
+    kept = [i for i in ids if i not in dropped]
+    assert out == Outcome(emitted=len(kept), scn=SCN)
+    ((schema, rows),) = h.emitted
+    assert schema is T
+    assert rows == [row(i) for i in kept]
+
+
+def test_several_events_and_rows_accumulate(h: Harness) -> None:
+    h.open()
+    h.marks(mark("w1", LOW))
+    h.w.on_rows("shop", "orders", [dele(row(1)), dele(row(2))])
+    h.w.on_rows("shop", "orders", [upd(row(3), row(3, "z"))])
+    h.w.fill("w1", chunk(1, 2, 3, 4))
+    h.marks(mark("w1", HIGH))
+    assert h.outcome() == Outcome(emitted=1, scn=SCN)
+    assert h.emitted[0][1] == [row(4)]
+
+
+def test_changes_before_the_low_watermark_are_ignored(h: Harness) -> None:
+    out = h.run(chunk(1, 2, 3), [], before=[upd(row(1), row(1, "y")), dele(row(2)), ins(row(3))])
+    assert out == Outcome(emitted=3, scn=SCN)
+    assert h.emitted[0][1] == [row(1), row(2), row(3)]
+
+
+def test_changes_after_the_high_watermark_do_not_matter(h: Harness) -> None:
+    h.run(chunk(1, 2), [])
+    h.w.on_rows("shop", "orders", [dele(row(1))])  # window already closed: no error, no effect
+    assert h.emitted[0][1] == [row(1), row(2)]
+
+
+@pytest.mark.parametrize(("db", "table"), [("shop", "other"), ("other", "orders")])
+def test_changes_of_another_table_are_ignored(h: Harness, db: str, table: str) -> None:
+    h.open()
+    h.marks(mark("w1", LOW))
+    h.w.on_rows(db, table, [dele(row(1))])
+    h.w.fill("w1", chunk(1, 2))
+    h.marks(mark("w1", HIGH))
+    assert h.outcome() == Outcome(emitted=2, scn=SCN)
+
+
+def test_windows_of_different_tables_only_see_their_own_changes(h: Harness) -> None:
+    h.open("a", table="orders")
+    h.open("b", table="items")
+    h.marks(mark("a", LOW), mark("b", LOW))
+    h.w.on_rows("shop", "orders", [dele(row(1))])
+    h.w.on_rows("shop", "items", [dele(row(2))])
+    h.w.fill("a", chunk(1, 2))
+    h.w.fill("b", chunk(1, 2))
+    h.marks(mark("a", HIGH), mark("b", HIGH))
+    assert h.outcome("a") == h.outcome("b") == Outcome(emitted=1, scn=SCN)
+    assert [rows for _, rows in h.emitted] == [[row(2)], [row(1)]]
+
+
+# -- watermark rows ------------------------------------------------------------------------------
+
+
+def test_watermarks_of_another_source_are_ignored(h: Harness) -> None:
+    h.open()
+    h.marks(mark("w1", LOW, src="east"))  # another parser's L does not open our window
+    h.w.fill("w1", chunk(1))
+    h.marks(mark("w1", HIGH, src="east"))
+    assert h.outcomes["w1"] == [] and h.w.active
+    h.marks(mark("w1", HIGH))
+    assert h.outcome().retry == "the low watermark was not seen"
+    assert h.emitted == []
+
+
+def test_unknown_window_ids_are_ignored(h: Harness) -> None:
+    h.open()
+    h.marks(mark("gone", LOW), mark("gone", HIGH), mark("w1", LOW), mark("other-run", HIGH))
+    assert h.outcomes["w1"] == [] and h.w.active
+    h.w.fill("w1", chunk(1))
+    h.marks(mark("w1", HIGH))
+    assert h.outcome() == Outcome(emitted=1, scn=SCN)
+
+
+def test_other_marks_and_rows_without_an_after_image_are_ignored(h: Harness) -> None:
+    h.open()
+    h.marks(mark("w1", LOW), mark("w1", "X"), {"before": {"src": SRC, "win": "w1", "mark": HIGH}}, {})
+    assert h.outcomes["w1"] == [] and h.w.active
+
+
+def test_low_and_high_in_one_rows_event(h: Harness) -> None:
+    h.open()
+    h.w.fill("w1", chunk(1, 2))
+    h.marks(mark("w1", LOW), mark("w1", HIGH))
+    assert h.outcome() == Outcome(emitted=2, scn=SCN)
+
+
+def test_high_without_low_is_a_retry(h: Harness) -> None:
+    h.open()
+    h.w.on_rows("shop", "orders", [dele(row(1))])
+    h.w.fill("w1", chunk(1))
+    h.marks(mark("w1", HIGH))
+    out = h.outcome()
+    assert out.retry == "the low watermark was not seen"
+    assert (out.emitted, out.scn) == (0, None)
+    assert h.emitted == [] and not h.w.active
+
+
+def test_high_before_the_chunk_was_filled_is_a_retry(h: Harness) -> None:
+    out = h.run(None, [])
+    assert out.retry is not None and "before the chunk was read" in out.retry
+    assert (out.emitted, out.scn) == (0, None)
+    assert h.emitted == []
+    h.w.fill("w1", chunk(1))  # too late: the window is gone, nothing happens
+    assert h.emitted == [] and h.outcomes["w1"] == [out]
+
+
+def test_a_window_resolves_once(h: Harness) -> None:
+    h.run(chunk(1), [])
+    h.marks(mark("w1", HIGH))
+    assert len(h.outcomes["w1"]) == 1 and len(h.emitted) == 1
+
+
+# -- DDL -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tables",
+    [[("shop", "orders")], [("shop", "x"), ("shop", "orders")], None, [("shop", "")]],
+    ids=["the-table", "among-others", "naming-no-table", "its-database"],
+)
+def test_ddl_on_the_table_after_low_is_a_retry(h: Harness, tables: list[tuple[str, str]] | None) -> None:
+    h.open()
+    h.marks(mark("w1", LOW))
+    h.w.on_ddl(tables, "ALTER TABLE orders ADD COLUMN c INT")
+    h.w.fill("w1", chunk(1, 2))
+    h.marks(mark("w1", HIGH))
+    out = h.outcome()
+    assert out.retry is not None and out.retry.startswith("DDL between the watermarks")
+    assert "ALTER TABLE orders" in out.retry
+    assert h.emitted == []
+
+
+def test_ddl_reason_is_truncated() -> None:
+    h = Harness()
+    h.open()
+    h.marks(mark("w1", LOW))
+    h.w.on_ddl(None, "x" * 500)
+    h.w.fill("w1", chunk(1))
+    h.marks(mark("w1", HIGH))
+    assert h.outcome().retry == "DDL between the watermarks: " + "x" * 120
+
+
+@pytest.mark.parametrize("tables", [[("shop", "other")], [("other", "orders")], [("other", "")]])
+def test_ddl_on_another_table_is_no_retry(h: Harness, tables: list[tuple[str, str]]) -> None:
+    h.open()
+    h.marks(mark("w1", LOW))
+    h.w.on_ddl(tables, "ALTER TABLE other ADD COLUMN c INT")
+    h.w.fill("w1", chunk(1, 2))
+    h.marks(mark("w1", HIGH))
+    assert h.outcome() == Outcome(emitted=2, scn=SCN)
+
+
+def test_ddl_before_low_is_no_retry(h: Harness) -> None:
+    h.open()
+    h.w.on_ddl(None, "ALTER TABLE orders ADD COLUMN c INT")
+    h.w.on_ddl([("shop", "orders")], "ALTER TABLE orders ADD COLUMN d INT")
+    h.marks(mark("w1", LOW))
+    h.w.fill("w1", chunk(1))
+    h.marks(mark("w1", HIGH))
+    assert h.outcome() == Outcome(emitted=1, scn=SCN)
+
+
+# -- keyless chunks ------------------------------------------------------------------------------
+
+
+def test_keyless_chunks_match_by_whole_row_image(h: Harness) -> None:
+    c = Chunk(T, (), [row(1, "a"), row(1, "b"), row(2, "a")])
+    out = h.run(c, [upd(row(1, "a"), row(1, "c")), ins({"v": "b", "id": 1}), dele(row(2, "zz"))])
+    assert out == Outcome(emitted=1, scn=SCN)
+    assert h.emitted[0][1] == [row(2, "a")]  # same id, other value: a different row image
+
+
+def test_keyless_chunk_with_set_values(h: Harness) -> None:
+    c = Chunk(T, (), [{"id": 1, "tags": ["a", "b"]}, {"id": 1, "tags": ["a"]}])
+    out = h.run(c, [dele({"id": 1, "tags": ["a", "b"]})])
+    assert out == Outcome(emitted=1, scn=SCN)
+    assert h.emitted[0][1] == [{"id": 1, "tags": ["a"]}]
+
+
+# -- outcomes and the active flag --------------------------------------------------------------
+
+
+def test_emit_gets_the_schema_and_surviving_rows_and_outcome_carries_count_and_scn(h: Harness) -> None:
+    out = h.run(chunk(1, 2, 3), [dele(row(2))])
+    assert out == Outcome(emitted=2, scn=SCN, retry=None)
+    assert h.emitted == [(T, [row(1), row(3)])]
+
+
+def test_emit_may_return_no_scn() -> None:
+    w = Windows(SRC, WATERMARKS)
+    got: list[Outcome] = []
+    w.open("w1", "shop", "orders", got.append)
+    w.on_watermark([mark("w1", LOW)], lambda s, r: None)
+    w.fill("w1", chunk(1))
+    w.on_watermark([mark("w1", HIGH)], lambda s, r: None)
+    assert got == [Outcome(emitted=1, scn=None)]
+
+
+@pytest.mark.parametrize("ids", [(), (1, 2)])
+def test_nothing_surviving_emits_nothing(h: Harness, ids: tuple[int, ...]) -> None:
+    out = h.run(chunk(*ids), [dele(row(1)), upd(row(2), row(3))])
+    assert out == Outcome()
+    assert (out.emitted, out.scn, out.retry) == (0, None, None)
+    assert h.emitted == []
+
+
+def test_active_flag_flips(h: Harness) -> None:
+    assert not h.w.active
+    h.open("a")
+    assert h.w.active
+    h.open("b")
+    h.w.close("a")
+    assert h.w.active
+    h.w.close("a")  # closing twice is harmless
+    assert h.w.active
+    h.marks(mark("b", LOW), mark("b", HIGH))  # H closes the window itself
+    assert not h.w.active
+    assert h.outcome("b").retry is not None  # never filled
+    h.w.close("b")
+    assert not h.w.active
+    h.open("c")
+    h.w.close("c")
+    assert not h.w.active
+
+
+def test_is_watermark() -> None:
+    w = Windows(SRC, WATERMARKS)
+    assert w.is_watermark("binlake", "watermarks")
+    assert not w.is_watermark("binlake", "other")
+    assert not w.is_watermark("shop", "watermarks")
