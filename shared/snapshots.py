@@ -65,6 +65,7 @@ class TableProgress:
     estimate: int = 0
     key: list[str] = field(default_factory=list)
     key_kind: str = ""
+    key_sig: str = ""  # key columns' names, types and collations when last_key was read
     retries: int = 0
     requested_ms: int = 0
     started_ms: int = 0

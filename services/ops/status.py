@@ -76,7 +76,8 @@ async def collect(url: str, prefix: str, source: str, partitions: int) -> dict[s
 
 def _snapshot(d: dict[str, Any]) -> dict[str, Any]:
     p = snap.TableProgress.from_json(json.dumps(d).encode())
-    total = p.rows if p.state == snap.DONE else max(p.estimate, p.rows)
+    # An estimate at or below the rows done is stale: the total is unknown until the end.
+    total = p.rows if p.finished else (p.estimate if p.estimate > p.rows else None)
     return {"table": p.name, "state": p.state, "rows": p.rows, "estimate": total, "chunks": p.chunks,
             "retries": p.retries, "key": p.key_kind, "error": p.error}
 
@@ -101,8 +102,12 @@ def render(s: dict[str, Any]) -> str:
     if s.get("snapshots"):
         lines.append("  snapshots")
         for t in s["snapshots"]:
-            pct = 100.0 * t["rows"] / t["estimate"] if t["estimate"] else 100.0
-            lines.append(f"    {t['table']}: {t['state']} {t['rows']}/{t['estimate']} rows ({min(pct, 100.0):.0f}%), "
+            if t["estimate"] is None:
+                done = f"{t['rows']}/? rows"
+            else:
+                pct = 100.0 * t["rows"] / t["estimate"] if t["estimate"] else 100.0
+                done = f"{t['rows']}/{t['estimate']} rows ({min(pct, 100.0):.0f}%)"
+            lines.append(f"    {t['table']}: {t['state']} {done}, "
                          f"{t['chunks']} chunks, {t['retries']} retries, key={t['key'] or '-'}"
                          + (f", error: {t['error']}" if t["error"] else ""))
     lines.append("  streams")

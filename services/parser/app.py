@@ -23,7 +23,7 @@ from services.parser.position import PositionReporter, read_tail
 from services.parser.publisher import Publisher
 from services.parser.snapshot.snapshotter import AckedScn, Snapshotter
 from services.parser.snapshot.windows import Windows
-from services.parser.transactions import Assembler, Outgoing
+from services.parser.transactions import HEADER_ALLOWANCE, Assembler, Outgoing
 from shared import envelope, jetstream
 from shared.actor import Latest, run_all, supervise_call
 from shared.bridge import ThreadBridge
@@ -44,7 +44,7 @@ class Pipeline:
         self.cfg = cfg
         self.cursors = cursors
         self.registry = registry
-        self.acked = AckedScn()
+        self.acked = AckedScn()  # replaced per run: positions may restart after a failover
         self.nc = nc
         self.js = js
         self.names = Names(cfg.prefix)
@@ -76,11 +76,13 @@ class Pipeline:
             # Persist the starting point before reading, so a crash cannot move it forward.
             await publisher.publish(asm.heartbeat(int(time.time() * 1000)))
             await publisher.flush()
+        self.acked = AckedScn()
         bridge: ThreadBridge[Outgoing] = ThreadBridge(asyncio.get_running_loop(), max_items=20_000)
         windows = Windows(cfg.source, cfg.watermark)
         reader = BinlogReader(self.dsn, cfg.replica_server_id, asm, bridge, mariadb=info.mariadb,
                               heartbeat_s=cfg.heartbeat_s, windows=windows)
-        snapshotter = Snapshotter(cfg, self.js, self.cursors, windows, self.acked, self.registry)
+        snapshotter = Snapshotter(cfg, self.js, self.cursors, windows, self.acked, self.registry,
+                                  max_row_bytes=self.nc.max_payload - HEADER_ALLOWANCE)
         thread = threading.Thread(target=reader.run, name="binlog-reader", daemon=True)
         thread.start()
         pump = asyncio.create_task(self._pump(bridge, publisher, reader))
@@ -91,12 +93,18 @@ class Pipeline:
                 task.result()
             raise SourceUnavailable("the snapshotter stopped")  # unreachable: both run until an error
         finally:
+            # Stop the reader first: nothing a task still awaits may depend on it.
+            bridge.cancel()
+            reader.interrupt()
             for task in (pump, snapshots):
                 task.cancel()
-            await asyncio.gather(pump, snapshots, return_exceptions=True)
-            bridge.cancel()
+            _, stuck = await asyncio.wait({pump, snapshots}, timeout=15)
+            if stuck:
+                self.log.error("pipeline.stuck_tasks", tasks=len(stuck))
+            for task in (pump, snapshots):
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: the first error was raised above
             publisher.abandon()
-            reader.interrupt()
             self.zero_dates.set(reader.stats.zero_dates)
             await asyncio.get_running_loop().run_in_executor(None, thread.join, 10.0)
 
@@ -115,12 +123,12 @@ class Pipeline:
                     raise SourceUnavailable("the binlog reader stopped") from None
             await publisher.publish(batch)
 
-    def _acked(self, newest: Outgoing, count: int) -> None:
-        """`count` messages were acked since the last call, `newest` the last of them."""
+    def _acked(self, complete: Outgoing | None, count: int) -> None:
+        """`count` messages were acked since the last call; `complete` ends the newest whole transaction."""
         self.published.inc(count)
-        if newest.last:
-            self.progress.set(newest)
-            self.acked.advance(envelope.scn(newest.resume.file, newest.resume.offset))
+        if complete is not None:
+            self.progress.set(complete)
+            self.acked.advance(envelope.scn(complete.resume.file, complete.resume.offset))
 
 
 async def main(cfg: ParserConfig) -> None:

@@ -26,7 +26,7 @@ EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 
 
 class Publisher:
-    def __init__(self, js: JetStreamContext, last_id: str | None, on_acked: Callable[[Outgoing, int], None],
+    def __init__(self, js: JetStreamContext, last_id: str | None, on_acked: Callable[[Outgoing | None, int], None],
                  *, ack_timeout_s: float = 15.0) -> None:
         self._js = js
         self._last_id = last_id
@@ -62,6 +62,7 @@ class Publisher:
 
     def _reap(self) -> None:
         acked: Outgoing | None = None
+        complete: Outgoing | None = None
         count = 0
         while self._inflight and self._inflight[0][1].done():
             msg, fut, _ = self._inflight.popleft()
@@ -71,8 +72,10 @@ class Publisher:
             self.published += 1
             count += 1
             acked = msg
+            if msg.last:
+                complete = msg
         if acked is not None:
-            self._on_acked(acked, count)
+            self._on_acked(complete, count)
         if self._inflight and time.monotonic() - self._inflight[0][2] > self._timeout:
             msg = self._inflight[0][0]
             raise PublishFailed(f"no ack for {msg.msg_id} within {self._timeout}s")

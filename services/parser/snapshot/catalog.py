@@ -45,6 +45,7 @@ class TableShape:
     key: tuple[str, ...]  # chunking key; () = the whole table in one window
     key_kind: str  # primary | unique | none
     estimate: int
+    key_sig: str = ""  # names, types and collations of the key: a resume is only valid while it holds
 
 
 def members(column_type: str) -> tuple[str, ...]:
@@ -198,13 +199,16 @@ async def describe(conn: Any, db: str, table: str, stats: v.DecodeStats) -> Tabl
     pk, key, kind = choose_key(columns, indexes)
     schema = TableSchema(db=db, table=table, columns=columns, pk=pk, stats=stats)
     estimate = int(est[0]["TABLE_ROWS"] or 0) if est else 0
-    return TableShape(schema, key, kind, estimate)
+    by_name = {str(c["COLUMN_NAME"]): c for c in cols}
+    sig = ";".join(f"{k} {by_name[k]['COLUMN_TYPE']} {by_name[k]['COLLATION_NAME'] or ''}" for k in key)
+    return TableShape(schema, key, kind, estimate, sig)
 
 
-async def list_tables(conn: Any, exclude: frozenset[str]) -> list[tuple[str, str]]:
-    """Every base table outside the system schemas and `exclude`, sorted."""
+async def list_tables(conn: Any, exclude: frozenset[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Every base table outside the system schemas, except the (db, table) pairs in `exclude`, sorted."""
     async with conn.cursor() as cur:
         rows = await _dicts(cur, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
                                  "WHERE TABLE_TYPE IN ('BASE TABLE', 'SYSTEM VERSIONED')", ())
-    skip = SYSTEM_SCHEMAS | exclude
-    return sorted((r["TABLE_SCHEMA"], r["TABLE_NAME"]) for r in rows if r["TABLE_SCHEMA"] not in skip)
+    skip = {(db.casefold(), t.casefold()) for db, t in exclude}
+    return sorted((r["TABLE_SCHEMA"], r["TABLE_NAME"]) for r in rows if r["TABLE_SCHEMA"] not in SYSTEM_SCHEMAS
+                  and (r["TABLE_SCHEMA"].casefold(), r["TABLE_NAME"].casefold()) not in skip)

@@ -4,24 +4,31 @@ Requests (`binlake snapshot`) and, with BINLAKE_SNAPSHOT_TABLES, tables seen for
 time become per-table progress entries in the cursor bucket. Up to `snapshot_parallel`
 tables run at once, each on its own source connection. A chunk's progress is written only
 after JetStream acknowledged its rows, so a parser killed at any point resumes every table
-at its last finished chunk (at worst one chunk is emitted twice; `r` rows are idempotent).
+at its last finished chunks (at worst the two chunks in flight are emitted again; `r` rows
+are idempotent).
+
+A problem of one table (missing privilege, unsupported type, a row too large, an SQL error)
+fails that table with the reason in its progress entry; change capture goes on. Only
+outages (source, NATS) restart the pipeline, and the snapshot resumes with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 import time
 from dataclasses import replace
 from typing import Any
 
+import asyncmy.errors
 import nats.js.errors
 import structlog
 from asyncmy.cursors import SSCursor
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from services.parser.binlog import SourceDsn
+from services.parser.binlog import SourceDsn, map_mysql_error
 from services.parser.config import ParserConfig
 from services.parser.snapshot.catalog import (
     TableShape,
@@ -38,10 +45,21 @@ from services.parser.snapshot.watermarks import Watermarks, connect
 from services.parser.snapshot.windows import HIGH, LOW, Chunk, Outcome, Windows
 from services.parser.values import DecodeStats
 from shared import snapshots as snap
-from shared.errors import DecodeError, MissingPrivilege, SnapshotConflict
+from shared.actor import raise_if_cancelled
+from shared.errors import BinlakeError, FatalError, OversizeEvent, SnapshotConflict, SourceUnavailable
 from shared.jetstream import kv_entries, nats_errors
 from shared.metrics import Registry
 from shared.subjects import Names
+
+MAX_RETRIES = 20  # windows read again in a row before a table fails
+RECONNECTS = 3  # lost snapshot connections in a row before the pipeline restarts
+_RETRY_CODES = frozenset({1205, 1213})  # lock wait timeout, deadlock: read the chunk again
+_GONE_CODES = frozenset({1146})  # the table was dropped under the SELECT
+_DECODE_ERRORS = (UnicodeError, LookupError, ValueError)
+
+
+class TableFailed(Exception):
+    """This table's snapshot cannot go on (the reason is recorded in its progress)."""
 
 
 def now_ms() -> int:
@@ -85,13 +103,14 @@ class RateLimiter:
 
 class Snapshotter:
     def __init__(self, cfg: ParserConfig, js: JetStreamContext, kv: KeyValue, windows: Windows, acked: AckedScn,
-                 registry: Registry) -> None:
+                 registry: Registry, *, max_row_bytes: int = 1024 * 1024) -> None:
         self.cfg = cfg
         self.js = js
         self.kv = kv
         self.bucket = Names(cfg.prefix).cursors_bucket
         self.windows = windows
         self.acked = acked
+        self.max_row_bytes = max_row_bytes
         self.dsn = SourceDsn.parse(cfg.source_url)
         self.marks = Watermarks(cfg.watermark, cfg.source)
         self.limiter = RateLimiter(cfg.snapshot_max_rows_s)
@@ -110,14 +129,17 @@ class Snapshotter:
         try:
             while True:
                 await self._accept_requests()
+                raise_if_cancelled()
                 if self.cfg.snapshot_tables and time.monotonic() - last_scan >= self.cfg.snapshot_scan_s:
                     await self._discover()
+                    raise_if_cancelled()
                     last_scan = time.monotonic()
                 for key, (task, _) in list(tasks.items()):
                     if task.done():
                         del tasks[key]
-                        task.result()
+                        task.result()  # only outages come out of a table task
                 entries = await self._load()
+                raise_if_cancelled()
                 for p, _ in entries.values():
                     self._export(p)
                 waiting = sorted((p.requested_ms, key) for key, (p, _) in entries.items() if not p.finished)
@@ -131,14 +153,19 @@ class Snapshotter:
         finally:
             for task, _ in tasks.values():
                 task.cancel()
-            await asyncio.gather(*(t for t, _ in tasks.values()), return_exceptions=True)
+            if tasks:
+                await asyncio.wait([t for t, _ in tasks.values()], timeout=10)
 
     # -- progress in the cursor bucket --------------------------------------------------
 
     async def _load(self) -> dict[str, tuple[snap.TableProgress, int]]:
         out = {}
         for key, value, rev in await kv_entries(self.js, self.bucket, snap.tables_filter(self.cfg.source)):
-            out[key] = (snap.TableProgress.from_json(value), rev)
+            try:
+                out[key] = (snap.TableProgress.from_json(value), rev)
+            except (ValueError, TypeError, KeyError) as exc:
+                self.log.error("snapshot.bad_progress_entry", key=key, error=repr(exc),
+                               hint=f"delete it: nats kv del {self.bucket} {key}")
         return out
 
     async def _save(self, key: str, p: snap.TableProgress, rev: int | None) -> int:
@@ -150,6 +177,7 @@ class Snapshotter:
                     rev = await self.kv.update(key, p.to_json(), last=rev)
             except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyValueError) as exc:
                 raise SnapshotConflict(f"snapshot progress of {p.name} changed under this parser ({exc})") from exc
+        raise_if_cancelled()
         self._export(p)
         return rev
 
@@ -158,17 +186,37 @@ class Snapshotter:
         self._estimate.set(max(p.estimate, p.rows), table=p.name)
         self._done.set(1 if p.state == snap.DONE else 0, table=p.name)
 
-    async def _accept_requests(self) -> None:
-        entries = await kv_entries(self.js, self.bucket, snap.requests_filter(self.cfg.source))
-        fresh = [(key, snap.SnapshotRequest.from_json(v), rev) for key, v, rev in entries]
-        fresh = [(key, r, rev) for key, r, rev in fresh if r.state == "new"]
-        if not fresh:
-            return
+    async def _tables(self) -> list[tuple[str, str]]:
         conn = await connect(self.dsn)
         try:
-            tables = await list_tables(conn, frozenset({self.cfg.watermark[0]}))
+            return await list_tables(conn, frozenset({self.cfg.watermark}))
+        except asyncmy.errors.MySQLError as exc:
+            raise map_mysql_error(exc, "list of tables") from exc
         finally:
             conn.close()
+
+    async def _accept_requests(self) -> None:
+        entries = await kv_entries(self.js, self.bucket, snap.requests_filter(self.cfg.source))
+        fresh = []
+        for key, value, rev in entries:
+            try:
+                req = snap.SnapshotRequest.from_json(value)
+                for pattern in req.patterns:
+                    re.compile(pattern)
+            except (ValueError, TypeError, KeyError, re.error) as exc:
+                # Not written by `binlake snapshot`: answer it, never fail on it.
+                bad = snap.SnapshotRequest(id=key.rsplit(".", 1)[-1], patterns=[], created_ms=now_ms(),
+                                           state="failed", error=f"malformed snapshot request: {exc}")
+                await self._answer(key, bad, rev)
+                continue
+            if req.state == "new":
+                fresh.append((key, req, rev))
+            elif now_ms() - req.created_ms > 86_400_000:
+                with nats_errors("snapshot request"):
+                    await self.kv.delete(key)  # answered a day ago: nobody waits for it any more
+        if not fresh:
+            return
+        tables = await self._tables()
         current = await self._load()
         for key, req, rev in fresh:
             chosen = [(db, t) for db, t in tables if snap.matches(req.patterns, db, t)]
@@ -177,13 +225,17 @@ class Snapshotter:
             else:
                 keys = [await self._start(db, t, req.id, current) for db, t in chosen]
                 answer = replace(req, state="accepted", tables=keys)
-            with nats_errors("snapshot request"):
-                try:
-                    await self.kv.update(key, answer.to_json(), last=rev)
-                except nats.js.errors.KeyWrongLastSequenceError:
-                    continue  # the requester changed it meanwhile (e.g. gave up); it is read again
+            await self._answer(key, answer, rev)
             self.log.info("snapshot.request", request=req.id, patterns=req.patterns, tables=len(chosen),
                           error=answer.error)
+
+    async def _answer(self, key: str, answer: snap.SnapshotRequest, rev: int) -> None:
+        with nats_errors("snapshot request"):
+            try:
+                await self.kv.update(key, answer.to_json(), last=rev)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                pass  # the requester changed it meanwhile; it is read again
+        raise_if_cancelled()
 
     async def _start(self, db: str, table: str, run: str, current: dict[str, tuple[snap.TableProgress, int]]) -> str:
         """A progress entry for a (re-)requested table; a running snapshot is joined, not restarted."""
@@ -196,11 +248,7 @@ class Snapshotter:
 
     async def _discover(self) -> None:
         """BINLAKE_SNAPSHOT_TABLES: snapshot every matching table that never had one."""
-        conn = await connect(self.dsn)
-        try:
-            tables = await list_tables(conn, frozenset({self.cfg.watermark[0]}))
-        finally:
-            conn.close()
+        tables = await self._tables()
         current = await self._load()
         for db, table in tables:
             key = snap.table_key(self.cfg.source, db, table)
@@ -219,19 +267,40 @@ class Snapshotter:
                 p = replace(p, state=snap.RUNNING, started_ms=t, updated_ms=t)
                 rev = await self._save(key, p, rev)
             self.log.info("snapshot.table", table=p.name, run=p.run, resume_chunk=p.chunks, rows=p.rows)
+            retries = reconnects = 0
             try:
                 if not self._ensured:
                     await self.marks.ensure(conn)
                     self._ensured = True
                 while not p.finished:
-                    # Chunk k+1 is read while chunk k is still being published; progress is
-                    # written in chunk order, each only after its rows were acknowledged.
-                    p, scn = await self._chunk(conn, p, slot)
+                    if commit is not None and commit.done():
+                        commit.result()  # a failed progress write stops the table now, not at its end
+                    try:
+                        # Chunk k+1 is read while chunk k is still being published; progress is
+                        # written in chunk order, each only after its rows were acknowledged.
+                        before = p.retries
+                        p, scn = await self._chunk(conn, p, slot)
+                    except SourceUnavailable:
+                        reconnects += 1
+                        if reconnects > RECONNECTS:
+                            raise
+                        conn.close()
+                        await asyncio.sleep(reconnects)
+                        conn = await connect(self.dsn)
+                        continue
+                    reconnects = 0
+                    retries = retries + 1 if p.retries > before else 0
+                    if retries:
+                        await asyncio.sleep(min(2.0, 0.05 * retries))  # let a burst of writes pass
+                    if retries >= MAX_RETRIES:
+                        raise TableFailed(f"read again {retries} times in a row ({p.error or 'see the parser log'}); "
+                                          "the table changes too often for a snapshot without a primary key, "
+                                          "or keeps being altered")
                     commit = asyncio.create_task(self._commit(key, p, scn, commit, rev))
-            except MissingPrivilege as exc:
-                # A snapshot the source does not allow fails alone; change capture goes on.
+            except (FatalError, TableFailed) as exc:
+                # This table cannot be snapshotted; change capture and the other tables go on.
                 p = self._stopped(p, snap.FAILED, str(exc))
-                commit = asyncio.create_task(self._commit(key, p, None, commit, rev))
+                commit = asyncio.create_task(self._commit(key, p, None, commit, rev, after_failure=True))
             if commit is not None:
                 await commit
             self.log.info("snapshot.finished", table=p.name, state=p.state, rows=p.rows, chunks=p.chunks,
@@ -239,14 +308,19 @@ class Snapshotter:
         finally:
             if commit is not None and not commit.done():
                 commit.cancel()
-                await asyncio.gather(commit, return_exceptions=True)
+                await asyncio.wait([commit], timeout=5)
             conn.close()
 
     async def _commit(self, key: str, p: snap.TableProgress, scn: int | None, before: asyncio.Task[int] | None,
-                      rev: int) -> int:
+                      rev: int, *, after_failure: bool = False) -> int:
         """Write `p` once the previous chunk's progress is written and this chunk's rows are acked."""
         if before is not None:
-            rev = await before
+            try:
+                rev = await before
+            except BinlakeError:
+                if not after_failure:
+                    raise
+                rev = (await self.kv.get(key)).revision or rev  # record the failure on top of whatever is there
         if scn is not None:
             await self.acked.wait_past(scn)
         return await self._save(key, p, rev)
@@ -269,21 +343,30 @@ class Snapshotter:
             await self.marks.write(conn, slot, wid, LOW)
             try:
                 shape = await describe(conn, p.db, p.table, self.stats)
-            except UnsupportedColumn as exc:
-                return self._stopped(p, snap.FAILED, str(exc)), None
-            if shape is None:
-                return self._stopped(p, snap.DROPPED, "the table no longer exists"), None
-            last = p.last_key
-            if list(shape.key) != p.key and last is not None:
-                # The chunking key changed (ALTER TABLE): start over; `r` rows are idempotent.
-                self.log.warning("snapshot.key_changed", table=p.name, old=p.key, new=list(shape.key))
-                last = None
-            p = replace(p, key=list(shape.key), key_kind=shape.key_kind, last_key=last,
-                        estimate=max(p.estimate, shape.estimate))
-            try:
+                if shape is None:
+                    return self._stopped(p, snap.DROPPED, "the table no longer exists"), None
+                last = p.last_key
+                if (list(shape.key) != p.key or shape.key_sig != p.key_sig) and last is not None:
+                    # The chunking key changed (ALTER TABLE): its order is another; start over.
+                    self.log.warning("snapshot.key_changed", table=p.name, old=p.key_sig, new=shape.key_sig)
+                    last = None
+                p = replace(p, key=list(shape.key), key_kind=shape.key_kind, key_sig=shape.key_sig, last_key=last,
+                            estimate=max(p.estimate, shape.estimate))
                 rows, last_key = await self._read(conn, shape, p.last_key)
-            except (UnsupportedColumn, DecodeError) as exc:
-                return self._stopped(p, snap.FAILED, str(exc)), None
+            except UnsupportedColumn as exc:
+                raise TableFailed(str(exc)) from None
+            except _DECODE_ERRORS as exc:
+                raise TableFailed(f"cannot decode a value of {p.name}: {exc!r}") from None
+            except asyncmy.errors.MySQLError as exc:
+                code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
+                if code in _RETRY_CODES:
+                    return replace(p, retries=p.retries + 1, error=str(exc), updated_ms=now_ms()), None
+                if code in _GONE_CODES:
+                    return self._stopped(p, snap.DROPPED, "the table no longer exists"), None
+                err = map_mysql_error(exc, f"snapshot of {p.name}")
+                if isinstance(err, SourceUnavailable):
+                    raise err from exc
+                raise TableFailed(f"reading {p.name} failed: {exc.args[-1] if exc.args else exc}") from None
             self.windows.fill(wid, Chunk(shape.schema, shape.key, rows))
             await self.marks.write(conn, slot, wid, HIGH)
             outcome = await self._await(outcome_fut, p)
@@ -292,9 +375,10 @@ class Snapshotter:
         if outcome.retry:
             self._retries.inc()
             self.log.info("snapshot.retry", table=p.name, chunk=p.chunks, reason=outcome.retry)
-            return replace(p, retries=p.retries + 1, updated_ms=now_ms()), None
+            return replace(p, retries=p.retries + 1, error=outcome.retry, updated_ms=now_ms()), None
         done = not shape.key or len(rows) < self.cfg.snapshot_chunk_rows
         p = p.advanced(last_key=last_key if rows else p.last_key, rows=outcome.emitted, now_ms=now_ms(), done=done)
+        p = replace(p, error=None)
         self._chunks.inc()
         await self.limiter.spend(len(rows))
         return p, outcome.scn
@@ -310,11 +394,16 @@ class Snapshotter:
                         limit=self.cfg.snapshot_chunk_rows, placeholders=tuple(placeholder(c) for _, c in key_cols))
         params = keyset_params(tuple(last_key)) if last_key is not None else []
         decode = row_decoder(schema.columns, self.stats)
+        limit = self.max_row_bytes
         rows: list[dict[str, Any]] = []
         raw: tuple[Any, ...] | None = None
         async with conn.cursor(SSCursor) as cur:
             await cur.execute(sql, params)
             async for raw in cur:
+                if sum(map(len, filter(None, raw))) > limit:
+                    raise TableFailed(str(OversizeEvent(
+                        f"a row of {schema.db}.{schema.table} holds more than {limit} bytes, more than NATS "
+                        "max_payload allows; raise max_payload in the nats-server configuration")))
                 rows.append(decode(raw))
         if raw is None or not key_cols:
             return rows, None
@@ -323,14 +412,15 @@ class Snapshotter:
     async def _await(self, fut: asyncio.Future[Outcome], p: snap.TableProgress) -> Outcome:
         """The binlog thread closes the window when it reaches H; say so if that takes long."""
         waited = 0.0
-        while True:
-            try:
-                return await asyncio.wait_for(asyncio.shield(fut), 30.0)
-            except TimeoutError:
+        while not fut.done():
+            # asyncio.wait, not wait_for: 3.11's wait_for can swallow a cancellation (gh-86296).
+            await asyncio.wait([fut], timeout=30.0)
+            if not fut.done():
                 waited += 30.0
                 self.log.warning("snapshot.waiting_for_binlog", table=p.name, waited_s=waited,
                                  hint="the binlog reader has not reached the high watermark yet: it is behind, "
                                       "or a binlog filter (binlog_ignore_db) hides the watermark table")
+        return fut.result()
 
     def _stopped(self, p: snap.TableProgress, state: str, error: str) -> snap.TableProgress:
         t = now_ms()

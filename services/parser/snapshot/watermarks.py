@@ -16,22 +16,47 @@ import asyncmy.errors
 
 from services.parser.binlog import SourceDsn, map_mysql_error
 from services.parser.snapshot.catalog import quote
-from shared.errors import MissingPrivilege
+from shared.errors import MissingPrivilege, SourceMisconfigured
 
 # Python -> SQL encoders only: without decoders every value arrives as the server's bytes.
 ENCODERS_ONLY = {k: f for k, f in asyncmy.converters.conversions.items() if not isinstance(k, int)}
 
 
+# Session settings a SELECT's result depends on, pinned whatever the server's defaults are:
+# no CHAR padding, backslash escapes (asyncmy's escaping needs them), committed reads only.
+_SESSION = (
+    "SET character_set_results = NULL, time_zone = '+00:00', sql_mode = 'NO_ENGINE_SUBSTITUTION'",
+    "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+)
+_NO_STATEMENT_LIMIT = ("SET SESSION max_statement_time = 0", "SET SESSION max_execution_time = 0")  # MariaDB, MySQL
+
+
 async def connect(dsn: SourceDsn) -> Any:
     """A connection whose SELECTs return the server's raw bytes (see snapshot.values)."""
     try:
-        return await asyncmy.connect(
+        conn = await asyncmy.connect(
             host=dsn.host, port=dsn.port, user=dsn.user, password=dsn.password, connect_timeout=10,
             autocommit=True, charset="utf8mb4", use_unicode=False, conv=ENCODERS_ONLY,
-            init_command="SET character_set_results = NULL, time_zone = '+00:00'",
         )
     except (asyncmy.errors.MySQLError, OSError) as exc:
         raise map_mysql_error(exc, f"{dsn.host}:{dsn.port}") from exc
+    try:
+        async with conn.cursor() as cur:
+            for sql in _SESSION:
+                await cur.execute(sql)
+            for sql in _NO_STATEMENT_LIMIT:
+                try:
+                    await cur.execute(sql)
+                except asyncmy.errors.MySQLError:
+                    pass  # the other server's variable
+    except (asyncmy.errors.MySQLError, OSError) as exc:
+        conn.close()
+        raise map_mysql_error(exc, f"{dsn.host}:{dsn.port}") from exc
+    return conn
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value or "")
 
 
 class Watermarks:
@@ -47,6 +72,9 @@ class Watermarks:
         db, table = self.table
         try:
             async with conn.cursor() as cur:
+                await cur.execute("SHOW MASTER STATUS")
+                status = await cur.fetchone()
+                self._check_filters(status)
                 await cur.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
                                   "TABLE_NAME = %s", (db, table))
                 if await cur.fetchone():
@@ -54,10 +82,25 @@ class Watermarks:
                 await cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(db)}")
                 await cur.execute(
                     f"CREATE TABLE IF NOT EXISTS {self._name} (src VARCHAR(190) NOT NULL, slot INT NOT NULL, "
-                    "win VARCHAR(100) NOT NULL, mark CHAR(1) NOT NULL, PRIMARY KEY (src, slot)) ENGINE=InnoDB"
+                    "win VARCHAR(100) NOT NULL, mark CHAR(1) NOT NULL, PRIMARY KEY (src, slot)) "
+                    "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
                 )
         except asyncmy.errors.MySQLError as exc:
             raise self._error(exc) from exc
+
+    def _check_filters(self, status: Any) -> None:
+        """Refuse a source whose binlog filters would hide the watermarks (the window never closes)."""
+        if not status or len(status) < 4:
+            return
+        names = [_text(x) for x in status[2:4]]
+        do_db, ignore_db = ({n.strip().casefold() for n in x.split(",") if n.strip()} for x in names)
+        db = self.table[0].casefold()
+        if (do_db and db not in do_db) or db in ignore_db:
+            raise SourceMisconfigured(
+                f"the source's binlog filters (binlog_do_db={names[0]!r}, binlog_ignore_db={names[1]!r}) leave "
+                f"the watermark database {self.table[0]!r} out of the binlog; snapshots cannot see their "
+                "watermarks: log that database, or set BINLAKE_WATERMARK_TABLE to a logged one"
+            )
 
     async def write(self, conn: Any, slot: int, window_id: str, mark: str) -> None:
         try:

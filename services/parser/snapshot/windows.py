@@ -77,6 +77,7 @@ class Windows:
     def __init__(self, source: str, watermark_table: tuple[str, str]) -> None:
         self.source = source
         self.watermark_table = watermark_table
+        self._watermark = (watermark_table[0].casefold(), watermark_table[1].casefold())
         self._lock = threading.Lock()
         self._by_id: dict[str, Window] = {}
         self.active = False
@@ -102,7 +103,8 @@ class Windows:
     # -- binlog thread side -------------------------------------------------------------
 
     def is_watermark(self, db: str, table: str) -> bool:
-        return (db, table) == self.watermark_table
+        # Case-insensitive: with lower_case_table_names the binlog names it in lower case.
+        return (db.casefold(), table.casefold()) == self._watermark
 
     def on_rows(self, db: str, table: str, rows: list[dict[str, Any]]) -> None:
         """A rows event of a user table: remember the images of windows past their L."""
@@ -114,9 +116,11 @@ class Windows:
 
     def on_ddl(self, tables: list[tuple[str, str]] | None, sql: str) -> None:
         """DDL between L and H may have changed what SELECT saw: such windows read again."""
+        named = None if tables is None else {(db.casefold(), t.casefold()) for db, t in tables}
         with self._lock:
             for w in self._by_id.values():
-                if w.low_seen and (tables is None or (w.db, w.table) in tables or (w.db, "") in tables):
+                db, table = w.db.casefold(), w.table.casefold()
+                if w.low_seen and (named is None or (db, table) in named or (db, "") in named):
                     w.spoiled = f"DDL between the watermarks: {sql[:120]}"
 
     def on_watermark(self, rows: list[dict[str, Any]], emit: Emit) -> None:
@@ -147,6 +151,10 @@ class Windows:
         if w.chunk is None:
             return Outcome(retry="the high watermark came before the chunk was read")
         rows = surviving(w.chunk, w.changed)
+        if not w.chunk.key and len(rows) < len(w.chunk.rows):
+            # Without a key, identical rows cannot be told apart: whether the copy SELECT saw is
+            # the one that changed is unknown, so a chunk touched by a change is read again.
+            return Outcome(retry="rows read were changed between the watermarks and the table has no key")
         if not rows:
             return Outcome()
         return Outcome(emitted=len(rows), scn=emit(w.chunk.schema, rows))
