@@ -440,3 +440,36 @@ def test_watermark_write_errors_name_the_fix(code: int, words: str) -> None:
     err = Watermarks(("binlake", "watermarks"), "main")._error(Exception(code, "denied or read-only"))
     assert isinstance(err, MissingPrivilege)
     assert words in str(err) and "binlake.watermarks" in str(err)
+
+
+@pytest.mark.parametrize(("do_db", "ignore_db", "refused"), [
+    ("", "", False),
+    ("shop,binlake", "", False),
+    ("shop", "", True),
+    ("", "binlake", True),
+    ("", "other", False),
+])
+def test_binlog_filters_that_hide_the_watermarks_are_refused(do_db: str, ignore_db: str, refused: bool) -> None:
+    from services.parser.snapshot.watermarks import Watermarks
+    from shared.errors import SourceMisconfigured
+
+    marks = Watermarks(("binlake", "watermarks"), "main")
+    status = (b"mysql-bin.000001", b"4", do_db.encode(), ignore_db.encode())
+    if refused:
+        with pytest.raises(SourceMisconfigured, match="leave the watermark database 'binlake' out of the binlog"):
+            marks._check_filters(status)
+    else:
+        marks._check_filters(status)
+
+
+def test_status_shows_an_unknown_total_until_the_end() -> None:
+    from services.ops.status import _snapshot, render
+
+    running = _snapshot({"db": "shop", "table": "o", "run": "r", "state": "running", "rows": 50, "estimate": 10})
+    pending = _snapshot({"db": "shop", "table": "p", "run": "r", "state": "pending", "rows": 0, "estimate": 0})
+    done = _snapshot({"db": "shop", "table": "d", "run": "r", "state": "done", "rows": 7, "estimate": 100})
+    assert (running["estimate"], pending["estimate"], done["estimate"]) == (None, None, 7)
+    text = render({"source": "main", "parser": None, "partitions": [], "clients": {}, "streams": {},
+                   "snapshots": [running, pending, done]})
+    assert "shop.o: running 50/? rows" in text and "shop.p: pending 0/? rows" in text
+    assert "shop.d: done 7/7 rows (100%)" in text
