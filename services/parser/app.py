@@ -44,7 +44,7 @@ class Pipeline:
         self.cfg = cfg
         self.cursors = cursors
         self.registry = registry
-        self.acked = AckedScn()  # replaced per run: positions may restart after a failover
+        self.acked = AckedScn()
         self.nc = nc
         self.js = js
         self.names = Names(cfg.prefix)
@@ -76,7 +76,7 @@ class Pipeline:
             # Persist the starting point before reading, so a crash cannot move it forward.
             await publisher.publish(asm.heartbeat(int(time.time() * 1000)))
             await publisher.flush()
-        self.acked = AckedScn()
+        self.acked = AckedScn()  # per run: after a failover the positions may start lower
         bridge: ThreadBridge[Outgoing] = ThreadBridge(asyncio.get_running_loop(), max_items=20_000)
         windows = Windows(cfg.source, cfg.watermark)
         reader = BinlogReader(self.dsn, cfg.replica_server_id, asm, bridge, mariadb=info.mariadb,
