@@ -14,13 +14,15 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from shared.clients import escape_key
+
 PENDING, RUNNING, DONE, FAILED, DROPPED = "pending", "running", "done", "failed", "dropped"
 FINISHED = frozenset({DONE, FAILED, DROPPED})
 
 
 def kv_token(name: str) -> str:
-    """A KV key token for any name; distinct names give distinct tokens."""
-    return re.sub(r"[^A-Za-z0-9_-]", lambda m: "".join(f"={b:02X}" for b in m.group().encode()), name) or "="
+    """A KV key token for any name (never empty); distinct names give distinct tokens."""
+    return escape_key(name) or "="
 
 
 def table_key(source: str, db: str, table: str) -> str:
