@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 
 from services.ops import snapshot as cli
-from services.parser import values as v
-from services.parser.columns import Column, TableSchema
 from services.parser.config import ParserConfig
 from services.parser.snapshot import snapshotter
 from services.parser.snapshot.snapshotter import AckedScn, RateLimiter
@@ -20,6 +18,7 @@ from shared import envelope
 from shared import snapshots as snap
 from shared.errors import ConfigError, DecodeError
 from shared.subjects import Names
+from tests.unit.parser.test_transactions import TS, F, T
 
 # -- AckedScn -------------------------------------------------------------------------------------
 
@@ -208,17 +207,6 @@ def test_rate_limit_zero_and_edges_are_valid() -> None:
 
 # -- Assembler: op "r" and ignored tables -----------------------------------------------------------
 
-F = "mysql-bin.000003"
-TS = 1_700_000_000_000
-T = TableSchema(
-    db="shop",
-    table="orders",
-    columns=(
-        Column("id", "int", False, v.ColumnType(v.LONG)),
-        Column("note", "varchar", True, v.ColumnType(v.VARCHAR, length=400, encoding="utf-8"), "utf8mb4"),
-    ),
-    pk=("id",),
-)
 WATERMARKS = ("binlake", "watermarks")
 
 
