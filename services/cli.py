@@ -15,8 +15,10 @@ COMMANDS = {
     "tail": ("services.ops.tail", "main", "print a table's change events as JSON lines"),
     "rewind": ("services.ops.rewind", "main", "move a client back to a timestamp or binlog position"),
     "snapshot": ("services.ops.snapshot", "main", "load existing rows of tables (db.table or regex) into the stream"),
-    "verify": ("services.loader.verify", "main", "compare source tables with their lake snapshots"),
+    "verify": ("services.loader.verify", "main", "compare source tables with the lake (exit 0 equal, 1 differ)"),
+    "lake": ("services.loader.lakecli", "main", "inspect the lake: tables, show, as-of"),
     "sink": ("services.sink.__main__", "main", "route BINLAKE_RAW to per-table subjects in BINLAKE_CDC"),
+    "spark": ("services.launcher.spark_daemon", "main", "run a Spark standalone master or worker (master|worker)"),
 }
 
 

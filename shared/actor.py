@@ -1,10 +1,10 @@
-"""The actor runtime: one task, one bounded mailbox, supervised from outside.
+"""The actor runtime: each actor is one task with its own state, supervised from outside.
 
-An actor owns its state and only talks through `send`. A full mailbox blocks the sender,
-which is how backpressure travels from JetStream back to the binlog reader. `supervise`
-restarts an actor that failed with a retriable `BinlakeError` (with jittered exponential
-backoff, rate-limited) and lets every other exception escape, so the TaskGroup in `run_all`
-cancels the siblings and the process exits non-zero for the orchestrator to restart it.
+Actors hand data over through bounded queues or `Latest` (a full queue blocks the sender,
+which is how backpressure travels from JetStream back to the binlog reader).
+`supervise_call` restarts an actor that failed with a retriable `BinlakeError` (jittered
+exponential backoff, rate-limited) and lets every other exception escape, so the TaskGroup
+in `run_all` cancels the siblings and the process exits non-zero for the orchestrator.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import structlog
 
-from shared.errors import BinlakeError
-
-M = TypeVar("M")
+from shared.errors import BinlakeError, NatsUnavailable
+from shared.jetstream import TRANSIENT
 
 
 @dataclass(frozen=True)
@@ -38,41 +37,6 @@ class RestartPolicy:
         return float(min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
 
 
-CRASH = RestartPolicy(max_restarts=0)
-"""Tests use this: the first failure escapes instead of being retried."""
-
-
-class Actor(Generic[M]):
-    """Base class: override `handle`, and `on_start` / `on_stop` when there is state to set up."""
-
-    mailbox_size: ClassVar[int] = 1_000
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.mailbox: asyncio.Queue[M] = asyncio.Queue(self.mailbox_size)
-        self.log = structlog.get_logger().bind(actor=name)
-
-    async def send(self, msg: M) -> None:
-        await self.mailbox.put(msg)
-
-    async def on_start(self) -> None:
-        """Connect and load durable state; runs again after every restart."""
-
-    async def on_stop(self) -> None:
-        """Flush and close; must be safe to run twice."""
-
-    async def handle(self, msg: M) -> None:
-        raise NotImplementedError
-
-    async def run(self) -> None:
-        await self.on_start()
-        try:
-            while True:
-                await self.handle(await self.mailbox.get())
-        finally:
-            await self.on_stop()
-
-
 def raise_if_cancelled() -> None:
     """Re-raise a cancellation that an awaited library call swallowed.
 
@@ -85,20 +49,18 @@ def raise_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
-async def supervise(actor: Actor[Any], policy: RestartPolicy) -> None:
-    """Run `actor`, restarting it on retriable errors within the policy's budget."""
-    await supervise_call(actor.run, policy, actor.log)
-
-
 async def supervise_call(
     run: Callable[[], Awaitable[None]], policy: RestartPolicy, log: Any
 ) -> None:
-    """Same as `supervise` for a plain coroutine function (a pipeline, a loop)."""
+    """Run `run` (an actor's loop), restarting it on retriable errors within the policy's budget."""
     failures: list[float] = []
     while True:
         try:
-            await run()
-            return
+            try:
+                await run()
+                return
+            except TRANSIENT as exc:  # a NATS call no one wrapped: the bus is away, not the actor broken
+                raise NatsUnavailable(f"NATS: {exc!r}") from exc
         except BinlakeError as exc:
             now = time.monotonic()
             failures = [t for t in failures if now - t < policy.window_s] + [now]

@@ -8,19 +8,8 @@ come from a rewind: events before that point are not delivered again.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-
-def escape_key(name: str) -> str:
-    """A name as KV key characters; distinct names always give distinct results (`=XX` escapes)."""
-    return re.sub(r"[^A-Za-z0-9_-]", lambda m: "".join(f"={b:02X}" for b in m.group().encode()), name)
-
-
-def client_key(source: str, client: str) -> str:
-    """The cursor key of a client."""
-    return f"client.{source}.{escape_key(client)}"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from shared.actor import RestartPolicy
 from shared.errors import ConfigError
+from shared.subjects import DEFAULT_PARTITIONS
 
 C = TypeVar("C")
 _TRUE = {"1", "true", "yes", "on"}
@@ -115,6 +116,13 @@ def default_instance() -> str:
 _SOURCE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
+def check_replicas(replicas: int) -> int:
+    """JetStream keeps 1 to 5 copies of a stream; a cluster needs at least that many servers."""
+    if not 1 <= replicas <= 5:
+        raise ConfigError(f"BINLAKE_REPLICAS must be 1..5 (3 on a three-node JetStream cluster), got {replicas}")
+    return replicas
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServiceConfig:
     """Settings every service has; each service's config extends it."""
@@ -122,6 +130,8 @@ class ServiceConfig:
     nats_url: str = "nats://127.0.0.1:4222"
     prefix: str = "binlake"
     source: str = "main"
+    partitions: int = DEFAULT_PARTITIONS  # of BINLAKE_RAW: fixed when the stream is created
+    replicas: int = 1  # of every stream and bucket binlake creates (3 on a JetStream cluster)
     instance: str = field(default_factory=default_instance)
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 0  # 0 picks a free port; -1 disables
@@ -135,6 +145,9 @@ class ServiceConfig:
             raise ConfigError(f"BINLAKE_SOURCE must be letters, digits, '_' or '-', got {self.source!r}")
         if not _SOURCE_NAME.fullmatch(self.prefix):
             raise ConfigError(f"BINLAKE_PREFIX must be letters, digits, '_' or '-', got {self.prefix!r}")
+        if not 1 <= self.partitions <= 1024:
+            raise ConfigError(f"BINLAKE_PARTITIONS must be 1..1024, got {self.partitions}")
+        check_replicas(self.replicas)
 
     @property
     def restart(self) -> RestartPolicy:

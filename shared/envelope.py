@@ -13,7 +13,7 @@ It is a map with `file`, `offset` and `gtid` (the GTID state to connect with, or
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypedDict, cast
 
 import msgpack
 
@@ -28,6 +28,39 @@ _packer = msgpack.Packer(use_bin_type=True, autoreset=True)
 def _packb(obj: Any) -> bytes:
     data: bytes = _packer.pack(obj)
     return data
+
+
+class Position(TypedDict):
+    file: str
+    offset: int
+    gtid: str | None
+
+
+class Txn(TypedDict):
+    id: str
+    i: int
+    last: bool
+
+
+class Envelope(TypedDict, total=False):
+    """DESIGN §4 as a type: what `decode` returns (the keys in REQUIRED are always there)."""
+
+    v: int
+    source: str
+    db: str | None
+    table: str | None
+    op: str
+    ts: int
+    pos: Position
+    scn: int
+    chunk: int
+    txn: Txn
+    pk: list[str]
+    rows: list[dict[str, Any]]
+    schema: dict[str, Any]
+    ddl: str
+    alter: dict[str, Any]
+    resume: Position
 
 
 class EnvelopeError(ValueError):
@@ -64,7 +97,7 @@ def encode(fields: Mapping[str, Any], packed_schema: bytes | None = None) -> byt
     return bytes((0x80 | (n + 1),)) + data[1:] + _SCHEMA_KEY + packed_schema
 
 
-def decode(data: bytes) -> dict[str, Any]:
+def decode(data: bytes) -> Envelope:
     """Decode and check an envelope; raises EnvelopeError with the reason."""
     try:
         env = msgpack.unpackb(data, raw=False, strict_map_key=False)
@@ -79,7 +112,12 @@ def decode(data: bytes) -> dict[str, Any]:
         raise EnvelopeError(f"envelope version {env['v']!r} is not supported (this binlake reads {VERSION})")
     if env["op"] not in OPS:
         raise EnvelopeError(f"unknown op {env['op']!r}")
-    return env
+    return cast(Envelope, env)
+
+
+def as_dict(env: Envelope) -> dict[str, Any]:
+    """The envelope as a plain dict, for code that reshapes any envelope (sink rules, the lake's frames)."""
+    return cast(dict[str, Any], env)
 
 
 def msg_id(source: str, scn_value: int, chunk: int = 0) -> str:

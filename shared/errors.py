@@ -46,6 +46,10 @@ class PublishFailed(TransientError):
     """JetStream refused or lost a publish; the parser resumes from the stream tail."""
 
 
+class SparkUnavailable(TransientError):
+    """The Spark master does not answer (yet)."""
+
+
 class SnapshotConflict(TransientError):
     """A snapshot's progress changed under it (another parser took over); restart from what is stored."""
 

@@ -27,9 +27,9 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
-from shared.errors import NatsUnavailable, StreamMismatch
+from shared.errors import ConfigError, NatsUnavailable, StreamMismatch
 from shared.logging import redact
-from shared.subjects import Names
+from shared.subjects import Names, kv_stream, kv_subject
 
 log = structlog.get_logger()
 
@@ -37,9 +37,13 @@ log = structlog.get_logger()
 async def connect(url: str, name: str, *, connect_timeout: float = 5.0, first_connect_s: float = 10.0) -> NATS:
     """Connect with reconnect-forever settings.
 
-    The first connection is retried for `first_connect_s` (a compose stack may start NATS
-    later than the service); then an unreachable server raises NatsUnavailable.
+    `url` may list several servers of a cluster, comma-separated: the client picks one and
+    fails over to the others. The first connection is retried for `first_connect_s` (a
+    compose stack may start NATS later than the service); then an unreachable server raises
+    NatsUnavailable.
     """
+    servers = server_urls(url)
+    shown = ",".join(redact(u) for u in servers)
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats.error", error=repr(exc))
@@ -50,14 +54,14 @@ async def connect(url: str, name: str, *, connect_timeout: float = 5.0, first_co
         nc = holder[0] if holder else None
         if nc is not None and (nc.is_closed or nc.is_draining):
             return  # our own close, not an outage
-        log.warning("nats.disconnected", url=redact(url))
+        log.warning("nats.disconnected", url=shown)
 
     async def on_reconnected() -> None:
-        log.info("nats.reconnected", url=redact(url))
+        log.info("nats.reconnected", url=shown)
 
     try:
         nc = await asyncio.wait_for(nats.connect(
-            url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
+            servers, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
             reconnect_time_wait=0.5, ping_interval=10, max_outstanding_pings=3,
             allow_reconnect=True, error_cb=on_error, disconnected_cb=on_disconnected,
             reconnected_cb=on_reconnected,
@@ -65,8 +69,22 @@ async def connect(url: str, name: str, *, connect_timeout: float = 5.0, first_co
         holder.append(nc)
         return nc
     except (OSError, nats.errors.Error, TimeoutError) as exc:
-        raise NatsUnavailable(f"cannot reach NATS at {redact(url)} ({exc!r}); start nats-server -js or fix the URL") \
+        raise NatsUnavailable(f"cannot reach NATS at {shown} ({exc!r}); start nats-server -js or fix the URL") \
             from exc
+
+
+def server_urls(url: str) -> list[str]:
+    """`nats://a:4222,nats://b:4222` -> each server's URL (BINLAKE_NATS_URL may name a whole cluster)."""
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    if not servers:
+        raise ConfigError("BINLAKE_NATS_URL is empty; set it to nats://host:4222 (several: comma-separated)")
+    return servers
+
+
+# What a bus that is away for a moment (a restart, a JetStream leader election) raises.
+TRANSIENT: tuple[type[BaseException], ...] = (
+    TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
 
 
 @contextlib.contextmanager
@@ -74,38 +92,37 @@ def nats_errors(what: str) -> Iterator[None]:
     """Translate timeouts and lost connections into retriable NatsUnavailable."""
     try:
         yield
-    except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
-            nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError,
-            nats.js.errors.ServiceUnavailableError) as exc:
+    except TRANSIENT as exc:
         raise NatsUnavailable(f"{what}: {exc!r}") from exc
 
 
-def raw_stream_config(names: Names, partitions: int, *, duplicate_window_s: float = 300.0,
+def raw_stream_config(names: Names, partitions: int, *, replicas: int = 1, duplicate_window_s: float = 300.0,
                       max_age_s: float = 7 * 86400.0, max_bytes: int = -1) -> StreamConfig:
     src, dest = names.raw_transform(partitions)
     return StreamConfig(
-        name=names.raw_stream, subjects=[f"{names.prefix}.raw.>"], storage=StorageType.FILE,
+        name=names.raw_stream, subjects=[names.raw_all], storage=StorageType.FILE,
         duplicate_window=duplicate_window_s, max_age=max_age_s, max_bytes=max_bytes,
-        discard=DiscardPolicy.OLD, subject_transform=SubjectTransform(src=src, dest=dest),
+        discard=DiscardPolicy.OLD, subject_transform=SubjectTransform(src=src, dest=dest), num_replicas=replicas,
         allow_direct=True, description="binlake: raw binlog changes, partitioned per table",
     )
 
 
-def cdc_stream_config(names: Names, *, duplicate_window_s: float = 300.0, max_age_s: float = 0.0,
+def cdc_stream_config(names: Names, *, replicas: int = 1, duplicate_window_s: float = 300.0, max_age_s: float = 0.0,
                       max_bytes: int = -1) -> StreamConfig:
     """BINLAKE_CDC: the durable, per-table-ordered stream clients read (retention owned by store)."""
     return StreamConfig(
-        name=names.cdc_stream, subjects=[f"{names.prefix}.cdc.>"], storage=StorageType.FILE,
+        name=names.cdc_stream, subjects=[names.cdc_all], storage=StorageType.FILE,
         duplicate_window=duplicate_window_s, max_age=max_age_s, max_bytes=max_bytes,
-        discard=DiscardPolicy.OLD, allow_direct=True, description="binlake: routed change events per table",
+        discard=DiscardPolicy.OLD, allow_direct=True, num_replicas=replicas,
+        description="binlake: routed change events per table",
     )
 
 
-def dlq_stream_config(names: Names) -> StreamConfig:
+def dlq_stream_config(names: Names, *, replicas: int = 1) -> StreamConfig:
     """BINLAKE_DLQ: events a service could not process, with the reason in a header."""
     return StreamConfig(
-        name=names.dlq_stream, subjects=[f"{names.prefix}.dlq.>"], storage=StorageType.FILE,
-        duplicate_window=300.0, discard=DiscardPolicy.OLD, description="binlake: dead letters",
+        name=names.dlq_stream, subjects=[names.dlq_all], storage=StorageType.FILE,
+        duplicate_window=300.0, discard=DiscardPolicy.OLD, num_replicas=replicas, description="binlake: dead letters",
     )
 
 
@@ -128,13 +145,27 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> StreamInf
     return info
 
 
-async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl_s: float | None = None, history: int = 1) -> KeyValue:
+async def ensure_streams(js: JetStreamContext, names: Names, partitions: int, replicas: int = 1) -> None:
+    """BINLAKE_RAW (with `partitions`), BINLAKE_CDC and BINLAKE_DLQ: what every service that starts first creates.
+
+    `replicas` applies when a stream is created; an existing stream keeps its own (change it
+    with `nats stream edit --replicas`).
+    """
+    await ensure_stream(js, raw_stream_config(names, partitions, replicas=replicas))
+    await ensure_stream(js, cdc_stream_config(names, replicas=replicas))
+    await ensure_stream(js, dlq_stream_config(names, replicas=replicas))
+
+
+async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl_s: float | None = None, history: int = 1,
+                    replicas: int = 1) -> KeyValue:
+    """The bucket, created with `replicas` copies when it does not exist yet."""
     with nats_errors(f"bucket {bucket}"):
         try:
             return await js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
             return await js.create_key_value(
-                KeyValueConfig(bucket=bucket, ttl=ttl_s, history=history, storage=StorageType.FILE)
+                KeyValueConfig(bucket=bucket, ttl=ttl_s, history=history, storage=StorageType.FILE,
+                               replicas=replicas)
             )
 
 
@@ -154,9 +185,9 @@ async def kv_entries(js: JetStreamContext, bucket: str, key_filter: str = ">") -
     before their initial values arrived; this reads the bucket's stream with a short-lived
     last-per-subject consumer until nothing is pending, then deletes it.
     """
-    stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
+    stream, prefix = kv_stream(bucket), kv_subject(bucket, "")
     cfg = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                         filter_subject=prefix + key_filter, mem_storage=True, inactive_threshold=10.0)
+                         filter_subject=kv_subject(bucket, key_filter), mem_storage=True, inactive_threshold=10.0)
     out: list[tuple[str, bytes, int]] = []
     with nats_errors(f"bucket {bucket}"):
         try:
@@ -165,7 +196,7 @@ async def kv_entries(js: JetStreamContext, bucket: str, key_filter: str = ">") -
             return out
         if info.state.messages == 0:
             return out
-        sub = await js.pull_subscribe(prefix + key_filter, stream=stream, config=cfg)
+        sub = await js.pull_subscribe(kv_subject(bucket, key_filter), stream=stream, config=cfg)
         try:
             while True:
                 try:

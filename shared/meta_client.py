@@ -8,6 +8,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 
 from shared.rpc import RpcError, call
+from shared.subjects import Names
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class MetaClient:
 
     async def _call(self, verb: str, req: dict[str, Any]) -> dict[str, Any]:
         try:
-            return await call(self._nc, f"{self._prefix}.meta.{verb}", req, self._timeout)
+            return await call(self._nc, Names(self._prefix).meta_rpc(verb), req, self._timeout)
         except RpcError as exc:
             if exc.code == "conflict":
                 raise Conflict(exc.code, str(exc)) from None

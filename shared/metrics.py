@@ -64,8 +64,8 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-async def serve(registry: Registry, host: str, port: int, healthy: Callable[[], bool]) -> asyncio.Server:
-    """Serve GET /metrics and GET /healthz (200 when `healthy()`, else 503)."""
+async def serve(registry: Registry, host: str, port: int, problem: Callable[[], str | None]) -> asyncio.Server:
+    """Serve GET /metrics and GET /healthz (200 "ok", or 503 with the reason `problem()` gives)."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -76,8 +76,8 @@ async def serve(registry: Registry, host: str, port: int, healthy: Callable[[], 
             if path.startswith("/metrics"):
                 status, body = "200 OK", registry.render()
             elif path.startswith("/healthz"):
-                ok = healthy()
-                status, body = ("200 OK", "ok\n") if ok else ("503 Service Unavailable", "unhealthy\n")
+                reason = problem()
+                status, body = ("200 OK", "ok\n") if reason is None else ("503 Service Unavailable", f"{reason}\n")
             else:
                 status, body = "404 Not Found", "try /metrics or /healthz\n"
             data = body.encode()

@@ -30,6 +30,9 @@ class RpcError(BinlakeError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+        # The service could not answer because something it needs is away for a moment (meta,
+        # NATS during a leader election): the caller may retry, as after any bus error.
+        self.retriable = code == "unavailable"
 
 
 class BadRequest(RpcError):

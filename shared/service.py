@@ -15,9 +15,9 @@ from shared.metrics import Registry, serve
 
 @contextlib.asynccontextmanager
 async def runtime(cfg: ServiceConfig, service: str, registry: Registry,
-                  healthy: Callable[[], bool] = lambda: True) -> AsyncIterator[NATS]:
-    """Serve /metrics and /healthz, connect to NATS; on exit drain the connection and stop serving."""
-    server = await serve(registry, cfg.metrics_host, cfg.metrics_port, healthy) if cfg.metrics_port >= 0 else None
+                  problem: Callable[[], str | None] = lambda: None) -> AsyncIterator[NATS]:
+    """Serve /metrics and /healthz (503 with `problem()`'s reason), connect to NATS; on exit drain and stop."""
+    server = await serve(registry, cfg.metrics_host, cfg.metrics_port, problem) if cfg.metrics_port >= 0 else None
     try:
         nc = await jetstream.connect(cfg.nats_url, name=f"binlake-{service}-{cfg.source}")
         try:

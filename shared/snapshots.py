@@ -14,31 +14,8 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from shared.clients import escape_key
-
 PENDING, RUNNING, DONE, FAILED, DROPPED = "pending", "running", "done", "failed", "dropped"
 FINISHED = frozenset({DONE, FAILED, DROPPED})
-
-
-def kv_token(name: str) -> str:
-    """A KV key token for any name (never empty); distinct names give distinct tokens."""
-    return escape_key(name) or "="
-
-
-def table_key(source: str, db: str, table: str) -> str:
-    return f"snapshot.{kv_token(source)}.table.{kv_token(db)}.{kv_token(table)}"
-
-
-def request_key(source: str, request_id: str) -> str:
-    return f"snapshot.{kv_token(source)}.request.{kv_token(request_id)}"
-
-
-def tables_filter(source: str) -> str:
-    return f"snapshot.{kv_token(source)}.table.>"
-
-
-def requests_filter(source: str) -> str:
-    return f"snapshot.{kv_token(source)}.request.>"
 
 
 def _pack_key(values: list[Any] | None) -> list[Any] | None:

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-import msgpack
 from nats.aio.client import Client as NATS
 
-from shared import jetstream
+from shared import envelope, jetstream
 from shared.rpc import call, call_parts
+from shared.subjects import Names
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Batch:
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        return [msgpack.unpackb(e, raw=False, strict_map_key=False) for e in self.raw]
+        return [envelope.as_dict(envelope.decode(e)) for e in self.raw]
 
 
 class StoreClient:
@@ -46,7 +46,8 @@ class StoreClient:
                  timeout_s: float = 10.0, own_connection: bool = False) -> None:
         self._nc = nc
         self.client = client
-        self._base = f"{prefix}.store.{source}"
+        self._names = Names(prefix)
+        self._source = source
         self._timeout = timeout_s
         self._own = own_connection
 
@@ -67,7 +68,8 @@ class StoreClient:
             await self._nc.drain()
 
     async def _call(self, verb: str, req: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        return await call(self._nc, f"{self._base}.{verb}", {"client": self.client, **req}, timeout or self._timeout)
+        return await call(self._nc, self._names.store_rpc(self._source, verb), {"client": self.client, **req},
+                          timeout or self._timeout)
 
     async def subscribe(self, filter: str = ".*", start: str | dict[str, Any] = "earliest", *,
                         reset: bool = False) -> int:
@@ -80,7 +82,7 @@ class StoreClient:
         return int(reply["acked"])
 
     async def get(self, max_rows: int = 1000, max_wait: float = 1.0) -> Batch:
-        reply = await call_parts(self._nc, f"{self._base}.get",
+        reply = await call_parts(self._nc, self._names.store_rpc(self._source, "get"),
                                  {"client": self.client, "max_rows": max_rows, "max_wait": max_wait},
                                  ("events", "seqs"), timeout=self._timeout + max_wait)
         return Batch(reply.get("batch_id"), list(reply.get("events") or []), int(reply.get("rows", 0)),

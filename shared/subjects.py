@@ -57,6 +57,16 @@ def fnv1a32(data: bytes) -> int:
     return h
 
 
+def kv_stream(bucket: str) -> str:
+    """The stream nats-server keeps a KV bucket in."""
+    return f"KV_{bucket}"
+
+
+def kv_subject(bucket: str, key: str) -> str:
+    """The subject of a key (or a `>` filter) in a KV bucket's stream."""
+    return f"$KV.{bucket}.{key}"
+
+
 def partition(n: int, *tokens: str) -> int:
     """The partition nats-server assigns: FNV-1a over the concatenated tokens, mod n."""
     return fnv1a32("".join(tokens).encode("utf-8")) % n
@@ -95,6 +105,27 @@ class Names:
     @property
     def leases_bucket(self) -> str:
         return f"{self.prefix}_leases"
+
+    @property
+    def raw_all(self) -> str:
+        """Every raw subject: BINLAKE_RAW's subjects."""
+        return f"{self.prefix}.raw.>"
+
+    @property
+    def cdc_all(self) -> str:
+        return f"{self.prefix}.cdc.>"
+
+    @property
+    def dlq_all(self) -> str:
+        return f"{self.prefix}.dlq.>"
+
+    def meta_rpc(self, verb: str) -> str:
+        """Request subject of a meta verb (`cursor.get`, `rewind`, ...), served in queue group `meta`."""
+        return f"{self.prefix}.meta.{verb}"
+
+    def store_rpc(self, source: str, verb: str) -> str:
+        """Request subject of a store verb (`subscribe`, `get`, `ack`, ...) for one source."""
+        return f"{self.prefix}.store.{escape_token(source)}.{verb}"
 
     def raw(self, source: str, db: str, table: str) -> str:
         """Subject the parser publishes to (before the stream's partition transform)."""

@@ -27,12 +27,11 @@ async def main(cfg: MetaConfig) -> None:
     names = Names(cfg.prefix)
     async with runtime(cfg, "meta", registry) as nc:
         js = nc.jetstream()
-        backend: MetaBackend = (KvBackend(js, names.cursors_bucket, names.schema_bucket) if cfg.backend == "kv"
-                                else MysqlBackend(cfg.meta_mysql_url))
+        backend: MetaBackend = (KvBackend(js, names.cursors_bucket, names.schema_bucket, cfg.replicas)
+                                if cfg.backend == "kv" else MysqlBackend(cfg.meta_mysql_url))
         await backend.start()
         try:
-            await jetstream.ensure_stream(js, jetstream.raw_stream_config(names, 16))
-            await jetstream.ensure_stream(js, jetstream.cdc_stream_config(names))
+            await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas)
             meta = MetaServer(nc, cfg.prefix, backend, Rewinder(js, names, backend))
             await meta.start()
             recorder = SchemaRecorder(js, names, cfg.source, backend)

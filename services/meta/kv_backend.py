@@ -15,24 +15,21 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from services.meta.backend import Conflict, CursorEntry, SchemaRecord
-from shared import jetstream
+from shared import jetstream, keys
 from shared.jetstream import nats_errors
 
 
-def _hex(name: str) -> str:
-    return name.encode().hex() or "_"
-
-
 class KvBackend:
-    def __init__(self, js: JetStreamContext, cursors_bucket: str, schema_bucket: str) -> None:
+    def __init__(self, js: JetStreamContext, cursors_bucket: str, schema_bucket: str, replicas: int = 1) -> None:
         self._js = js
         self._buckets = (cursors_bucket, schema_bucket)
+        self._replicas = replicas
         self._cursors: KeyValue | None = None
         self._schema: KeyValue | None = None
 
     async def start(self) -> None:
-        self._cursors = await jetstream.ensure_kv(self._js, self._buckets[0], history=16)
-        self._schema = await jetstream.ensure_kv(self._js, self._buckets[1])
+        self._cursors = await jetstream.ensure_kv(self._js, self._buckets[0], history=16, replicas=self._replicas)
+        self._schema = await jetstream.ensure_kv(self._js, self._buckets[1], replicas=self._replicas)
 
     async def close(self) -> None:
         return None
@@ -77,11 +74,11 @@ class KvBackend:
             await self.cursors.delete(key)
 
     async def add_schema(self, record: SchemaRecord) -> None:
-        key = f"{_hex(record.source)}.{_hex(record.db)}.{_hex(record.table)}.{record.scn}"
+        key = keys.schema_record(record.source, record.db, record.table, record.scn)
         with nats_errors("schema history"):
             await self.schema_kv.put(key, json.dumps(record.to_dict()).encode())
 
     async def schemas(self, source: str, db: str, table: str) -> list[SchemaRecord]:
-        prefix = f"{_hex(source)}.{_hex(db)}.{_hex(table)}"
+        prefix = keys.schema_table(source, db, table)
         entries = await jetstream.kv_entries(self._js, self._buckets[1], f"{prefix}.>")
         return sorted((SchemaRecord.from_dict(json.loads(v)) for _, v, _ in entries), key=lambda r: r.scn)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import asyncmy
 import asyncmy.errors
 
 from services.meta.backend import Conflict, CursorEntry, SchemaRecord
-from shared.errors import ConfigError, SourceUnavailable
+from shared.errors import SourceUnavailable
+from shared.mysql import MysqlUrl
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS binlake_cursors (
@@ -37,12 +37,8 @@ DUPLICATE_KEY = 1062
 
 class MysqlBackend:
     def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("mysql", "mariadb") or not parts.hostname or not parts.path.strip("/"):
-            raise ConfigError("meta MySQL URL must look like mysql://user:password@host:3306/database")
-        self._args: dict[str, Any] = {"host": parts.hostname, "port": parts.port or 3306,
-                                      "user": unquote(parts.username or "root"),
-                                      "password": unquote(parts.password or ""), "db": parts.path.strip("/")}
+        self._args: dict[str, Any] = MysqlUrl.parse(url, "BINLAKE_META_MYSQL_URL",
+                                                    need_database=True).asyncmy_settings()
         self._pool: Any = None
 
     async def start(self) -> None:

@@ -18,8 +18,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from services.meta.backend import Conflict, MetaBackend
-from shared import envelope
-from shared.clients import ClientState, client_key
+from shared import cas, envelope, keys
+from shared.clients import ClientState
 from shared.errors import NatsUnavailable
 from shared.rpc import BadRequest, RpcError
 from shared.subjects import Names
@@ -74,18 +74,18 @@ class Rewinder:
             await sub.unsubscribe()
 
     async def _apply(self, source: str, client: str, seq: int, *, min_ts: int = 0, min_scn: int = 0) -> dict[str, Any]:
-        key = client_key(source, client)
-        for _ in range(10):
+        key = keys.client_cursor(source, client)
+
+        async def attempt() -> dict[str, Any]:
             entry = await self._backend.get(key)
             if entry is None:
                 raise RpcError("unknown_client", f"client {client!r} has never subscribed to source {source!r}")
             state = ClientState.from_dict(entry.value).rewound(seq - 1, min_ts=min_ts, min_scn=min_scn)
-            try:
-                await self._backend.put(key, state.to_dict(), entry.revision)
-            except Conflict:
-                continue
+            await self._backend.put(key, state.to_dict(), entry.revision)
             return {"seq": seq, "acked": state.acked}
-        raise RpcError("conflict", f"client {client!r} changed concurrently during the rewind; try again")
+
+        return await cas.retry_on_conflict(attempt, conflict=Conflict, tries=10,
+                                           what=f"client {client!r} (during the rewind)")
 
 
 

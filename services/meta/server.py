@@ -15,10 +15,7 @@ from services.meta.backend import Conflict, MetaBackend
 from services.meta.history import schema_at
 from services.meta.rewind import Rewinder
 from shared.rpc import BadRequest, RpcError, require, serve
-
-
-def meta_subject(prefix: str, verb: str) -> str:
-    return f"{prefix}.meta.{verb}"
+from shared.subjects import Names
 
 
 class MetaServer:
@@ -36,7 +33,7 @@ class MetaServer:
             "rewind": self.rewind,
         }
         for verb, handler in handlers.items():
-            self._subs.append(await serve(self._nc, meta_subject(self._prefix, verb), handler, queue="meta"))
+            self._subs.append(await serve(self._nc, Names(self._prefix).meta_rpc(verb), handler, queue="meta"))
 
     async def stop(self) -> None:
         for sub in self._subs:

@@ -9,7 +9,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shared.errors import BinlakeError
+from shared.config import check_replicas
+from shared.errors import BinlakeError, ConfigError
 
 T = TypeVar("T")
 
@@ -23,6 +24,15 @@ def nats_url() -> str:
         return f"nats://127.0.0.1:{json.loads(ports.read_text())['nats']}"
     except (OSError, ValueError, KeyError):
         return "nats://127.0.0.1:4222"
+
+
+def replicas() -> int:
+    """BINLAKE_REPLICAS (1): copies of a bucket a command has to create, as the services would."""
+    raw = os.environ.get("BINLAKE_REPLICAS", "1")
+    try:
+        return check_replicas(int(raw))
+    except ValueError:
+        raise ConfigError(f"BINLAKE_REPLICAS must be a number, got {raw!r}") from None
 
 
 def run(command: str, main: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -19,8 +19,8 @@ from typing import TextIO
 
 import nats.js.errors
 
-from services.ops.common import nats_url, run
-from shared import jetstream
+from services.ops.common import nats_url, replicas, run
+from shared import jetstream, keys
 from shared import snapshots as snap
 from shared.errors import BinlakeError, ConfigError
 from shared.subjects import Names
@@ -85,9 +85,9 @@ async def request(url: str, prefix: str, source: str, patterns: list[str], *, wa
     nc = await jetstream.connect(url, name="binlake-snapshot", first_connect_s=3.0)
     try:
         js = nc.jetstream()
-        kv = await jetstream.ensure_kv(js, names.cursors_bucket, history=16)
+        kv = await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=replicas())
         req = snap.SnapshotRequest(id=secrets.token_hex(6), patterns=patterns, created_ms=int(time.time() * 1000))
-        key = snap.request_key(source, req.id)
+        key = keys.snapshot_request(source, req.id)
         with jetstream.nats_errors("snapshot request"):
             await kv.create(key, req.to_json())
         out.write(f"snapshot request {req.id} for {' '.join(patterns)} filed\n")

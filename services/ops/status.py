@@ -9,12 +9,15 @@ import time
 from typing import Any
 
 import nats.js.errors
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from services.ops.common import nats_url, run
-from shared import jetstream
+from shared import jetstream, keys
 from shared import snapshots as snap
 from shared.assignment import owned
+from shared.errors import NatsUnavailable
+from shared.meta_client import MetaClient
 from shared.subjects import Names
 
 
@@ -47,31 +50,59 @@ async def collect(url: str, prefix: str, source: str, partitions: int) -> dict[s
             try:
                 info = await js.stream_info(stream)
                 streams[stream] = {"messages": info.state.messages, "bytes": info.state.bytes,
-                                   "last_seq": info.state.last_seq}
+                                   "first_seq": info.state.first_seq, "last_seq": info.state.last_seq}
             except nats.js.errors.NotFoundError:
                 streams[stream] = None
         cursors = await _kv(js, names.cursors_bucket)
         leases = await _kv(js, names.leases_bucket)
-        members = sorted(k for k in (await _kv(js, names.members_bucket)) if k.startswith(f"sink.{source}."))
-        short = {m: m[len(f"sink.{source}."):] for m in members}
-        owners = {p: short[m] for m in members for p in owned(members, m, partitions)}
-        parser = cursors.get(f"parser.{source}")
+        prefix_len = len(keys.members_prefix(source))
+        members = sorted(k for k in (await _kv(js, names.members_bucket)) if k.startswith(keys.members_prefix(source)))
+        owners = {p: keys.unescape_key(m[prefix_len:]) for m in members for p in owned(members, m, partitions)}
+        parser = cursors.get(keys.parser_cursor(source))
         now = int(time.time() * 1000)
         return {
             "source": source,
             "parser": {**parser, "age_s": round((now - parser["updated_ms"]) / 1000, 1),
-                       "active": leases.get(f"parser.{source}")} if isinstance(parser, dict) else None,
+                       "active": leases.get(keys.parser_lease(source))} if isinstance(parser, dict) else None,
             "partitions": [{"partition": p, "owner": owners.get(p),
-                            "cursor": (cursors.get(f"sink.{source}.p{p}") or {}).get("seq")}
+                            "cursor": (cursors.get(keys.partition_cursor(source, p)) or {}).get("seq")}
                            for p in range(partitions)],
-            "clients": {k.split(".", 2)[2]: {f: v.get(f) for f in ("acked", "delivered", "batches", "filter")}
-                        for k, v in cursors.items() if k.startswith(f"client.{source}.") and isinstance(v, dict)},
+            "clients": _edge(await _clients(nc, names, source, cursors), streams.get(names.cdc_stream)),
             "snapshots": [_snapshot(v) for k, v in sorted(cursors.items())
-                          if k.startswith(snap.tables_filter(source)[:-1]) and isinstance(v, dict)],
+                          if k.startswith(keys.snapshot_tables(source)[:-1]) and isinstance(v, dict)],
             "streams": streams,
         }
     finally:
         await nc.close()
+
+
+async def _clients(nc: NATS, names: Names, source: str, cursors: dict[str, Any]) -> dict[str, Any]:
+    """Client cursors, from meta: they live in its backend (KV, or MySQL with `--backend mysql`).
+
+    Without a meta answering, the KV bucket is what there is (and says so)."""
+    fields = ("acked", "delivered", "batches", "filter")
+    try:
+        meta = MetaClient(nc, names.prefix, timeout_s=3.0)
+        entries = [(k, e.value) for k, e in await meta.list_cursors(keys.clients_prefix(source))]
+        note = None
+    except NatsUnavailable:
+        entries = [(k, v) for k, v in cursors.items() if k.startswith(keys.clients_prefix(source))]
+        note = "meta is not answering: client cursors read from the KV bucket"
+    out: dict[str, Any] = {keys.client_of(k): {f: v.get(f) for f in fields} for k, v in entries if isinstance(v, dict)}
+    if note:
+        out = {"_note": note, **out}
+    return out
+
+
+def _edge(clients: dict[str, Any], cdc: dict[str, int] | None) -> dict[str, Any]:
+    """Each client's distance to BINLAKE_CDC's retention edge: how many of the messages it has read
+    the stream still holds (negative: messages it had not read are gone, its next get fails)."""
+    if cdc is None:
+        return clients
+    for name, c in clients.items():
+        if name != "_note" and isinstance(c.get("acked"), int) and c["acked"] > 0:  # 0: starts at the edge
+            c["retention_headroom"] = c["acked"] - cdc["first_seq"] + 1
+    return clients
 
 
 def _snapshot(d: dict[str, Any]) -> dict[str, Any]:
@@ -95,9 +126,15 @@ def render(s: dict[str, Any]) -> str:
         lines.append(f"    {part['partition']:>3}  owner={part['owner'] or '-'}  cursor={part['cursor'] or 0}")
     lines.append("  clients")
     for name, c in sorted(s["clients"].items()):
+        if name == "_note":
+            lines.append(f"    ({c})")
+            continue
+        edge = c.get("retention_headroom")
+        edge_text = "" if edge is None else (f" retention headroom={edge} messages" if edge >= 0 else
+                                             f" RETENTION GAP: {-edge} unread messages removed")
         lines.append(f"    {name}: acked={c['acked']} delivered={c['delivered']} unacked={len(c['batches'] or [])} "
-                     f"filter={c['filter']}")
-    if not s["clients"]:
+                     f"filter={c['filter']}{edge_text}")
+    if not [n for n in s["clients"] if n != "_note"]:
         lines.append("    (none)")
     if s.get("snapshots"):
         lines.append("  snapshots")

@@ -9,11 +9,10 @@ import json
 import sys
 from typing import Any
 
-import msgpack
 import nats.js.errors
 
 from services.ops.common import nats_url, run
-from shared import jetstream
+from shared import envelope, jetstream
 from shared.errors import ConfigError
 from shared.ordered_reader import OrderedReader
 from shared.subjects import Names
@@ -57,7 +56,10 @@ async def tail(url: str, prefix: str, source: str, table: str, frm: str, follow:
                 if not msgs and not follow:
                     break
                 for m in msgs:
-                    env = msgpack.unpackb(m.data, raw=False, strict_map_key=False)
+                    try:
+                        env = envelope.as_dict(envelope.decode(m.data))
+                    except envelope.EnvelopeError as exc:  # shown, not fatal: the stream is not ours alone
+                        env = {"_error": f"not a binlake envelope: {exc}"}
                     env["_seq"] = m.metadata.sequence.stream
                     env["_stored"] = m.metadata.timestamp.isoformat() if isinstance(
                         m.metadata.timestamp, dt.datetime) else None

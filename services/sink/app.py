@@ -6,9 +6,9 @@ import structlog
 
 from services.sink.config import SinkConfig
 from services.sink.coordinator import Coordinator
-from services.sink.membership import Membership, member_key
+from services.sink.membership import Membership
 from services.sink.partition import PartitionSettings, PartitionWorker
-from shared import jetstream
+from shared import jetstream, keys
 from shared.actor import Latest, run_all
 from shared.metrics import Registry
 from shared.service import runtime
@@ -23,11 +23,10 @@ async def main(cfg: SinkConfig) -> None:
     names = Names(cfg.prefix)
     async with runtime(cfg, "sink", registry) as nc:
         js = nc.jetstream()
-        await jetstream.ensure_stream(js, jetstream.raw_stream_config(names, cfg.partitions))
-        await jetstream.ensure_stream(js, jetstream.cdc_stream_config(names))
-        await jetstream.ensure_stream(js, jetstream.dlq_stream_config(names))
-        members_kv = await jetstream.ensure_kv(js, names.members_bucket, ttl_s=cfg.member_ttl_s)
-        cursors = await jetstream.ensure_kv(js, names.cursors_bucket, history=16)
+        await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas)
+        members_kv = await jetstream.ensure_kv(js, names.members_bucket, ttl_s=cfg.member_ttl_s,
+                                                replicas=cfg.replicas)
+        cursors = await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=cfg.replicas)
         view: Latest[frozenset[str]] = Latest()
         membership = Membership(members_kv, cfg.source, cfg.instance, cfg.member_ttl_s, view)
 
@@ -35,7 +34,7 @@ async def main(cfg: SinkConfig) -> None:
             settings = PartitionSettings(cfg.source, p, cfg.batch, cfg.cursor_interval_s, cfg.publish_timeout_s)
             return PartitionWorker(js, names, cursors, rules, settings, registry)
 
-        coordinator = Coordinator(view, member_key(cfg.source, cfg.instance), cfg.partitions, make_worker,
+        coordinator = Coordinator(view, keys.member(cfg.source, cfg.instance), cfg.partitions, make_worker,
                                   cfg.restart, registry)
         log.info("sink.start", instance=membership.key, partitions=cfg.partitions)
         await run_all([membership.run, coordinator.run])

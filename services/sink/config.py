@@ -11,8 +11,7 @@ from shared import config
 
 @dataclass(frozen=True, kw_only=True)
 class SinkConfig(config.ServiceConfig):
-    partitions: int = 16
-    member_ttl_s: float = 6.0
+    member_ttl_s: float = 15.0  # outlasts a JetStream leader election (a few seconds)
     batch: int = 500
     cursor_interval_s: float = 1.0
     publish_timeout_s: float = 10.0

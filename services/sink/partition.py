@@ -24,8 +24,8 @@ from nats.js.kv import KeyValue
 
 from services.sink.fence import SubjectFence
 from services.sink.rules import Rules, TableRules
-from shared import envelope
-from shared.errors import FatalError, NatsUnavailable
+from shared import cas, envelope, keys
+from shared.errors import BinlakeError, FatalError, NatsUnavailable
 from shared.metrics import Registry
 from shared.ordered_reader import OrderedReader
 from shared.subjects import Names
@@ -54,10 +54,6 @@ class _Out:
     raw_seq: int
 
 
-def cursor_key(source: str, partition: int) -> str:
-    return f"sink.{source}.p{partition}"
-
-
 class PartitionWorker:
     def __init__(self, js: JetStreamContext, names: Names, cursors: KeyValue, rules: Rules,
                  settings: PartitionSettings, registry: Registry) -> None:
@@ -66,7 +62,7 @@ class PartitionWorker:
         self._cursors = cursors
         self._rules = rules
         self._s = settings
-        self._key = cursor_key(settings.source, settings.partition)
+        self._key = keys.partition_cursor(settings.source, settings.partition)
         self._table_rules: dict[tuple[str, str], tuple[bool, TableRules]] = {}
         self._cursor = 0
         self._committed = -1
@@ -127,7 +123,7 @@ class PartitionWorker:
             await self._dead_letter(*poison)
 
     def _transform(self, m: Msg, seq: int) -> _Out | None:
-        env = envelope.decode(m.data)
+        env = envelope.as_dict(envelope.decode(m.data))
         db, table = env.get("db"), env.get("table")
         data = m.data
         shaped: dict[str, Any] | None = env
@@ -168,10 +164,17 @@ class PartitionWorker:
 
         if len(by_subject) == 1:
             await one_subject(outs)
-        else:
+            return
+        try:
             async with asyncio.TaskGroup() as tg:
                 for items in by_subject.values():
                     tg.create_task(one_subject(items))
+        except* BinlakeError as group:
+            # The supervisor restarts on a retriable error and stops on a fatal one; a group of
+            # them is neither, and would end the whole process on a bus that is only away.
+            errors = list(group.exceptions)
+            fatal = [e for e in errors if isinstance(e, BinlakeError) and not e.retriable]
+            raise (fatal or errors)[0] from None
 
     async def _dead_letter(self, m: Msg, reason: str) -> None:
         seq = m.metadata.sequence.stream
@@ -201,19 +204,12 @@ class PartitionWorker:
         if self._cursor == self._committed:
             return
         value = json.dumps({"seq": self._cursor, "updated_ms": int(time.time() * 1000)}).encode()
-        for _ in range(3):
-            try:
-                if self._revision is None:
-                    self._revision = await self._cursors.create(self._key, value)
-                else:
-                    self._revision = await self._cursors.update(self._key, value, last=self._revision)
-                self._committed = self._cursor
-                return
-            except nats.js.errors.KeyWrongLastSequenceError:
-                entry = await self._cursors.get(self._key)
-                stored = int(json.loads(entry.value or b"{}").get("seq", 0))
-                self._revision = entry.revision
-                if stored >= self._cursor:
-                    return  # another worker got further; never move the cursor back
-            except (nats.errors.Error, TimeoutError) as exc:
-                raise NatsUnavailable(f"cursor {self._key}: {exc!r}") from exc
+        cursor = self._cursor
+        try:
+            written = await cas.write_forward(self._cursors, self._key, value, self._revision,
+                                              lambda stored: int(json.loads(stored or b"{}").get("seq", 0)) >= cursor)
+        except nats.errors.Error as exc:
+            raise NatsUnavailable(f"cursor {self._key}: {exc!r}") from exc
+        self._revision = written.revision
+        if written.stored:
+            self._committed = cursor

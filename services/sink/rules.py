@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import ConfigError
+from shared.mysql_types import BINARIES, TEXTS
 
 ROW_OPS = frozenset({"i", "u", "d", "r"})
 # Types whose values stay of the same kind when truncated (strings or bytes).
-_TRUNCATABLE = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "binary", "varbinary",
-                          "tinyblob", "blob", "mediumblob", "longblob"})
+_TRUNCATABLE = frozenset({*TEXTS, *BINARIES})
 MASK_METHODS = ("hash", "truncate", "replace")
 
 

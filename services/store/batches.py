@@ -17,6 +17,18 @@ class ProtocolError(RpcError):
     """The client broke the protocol (ack out of order, unknown batch...)."""
 
 
+class RetentionGap(RpcError):
+    """BINLAKE_CDC no longer holds messages this client has not read: never skip them silently."""
+
+    def __init__(self, client: str, first_missing: int, next_held: int, stream: str) -> None:
+        super().__init__(
+            "retention_gap",
+            f"{stream} no longer holds sequences {first_missing}..{next_held - 1}, which client {client!r} has not "
+            f"read (removed by the stream's limits, BINLAKE_CDC_MAX_AGE_S / BINLAKE_CDC_MAX_BYTES, or by hand): "
+            "those changes are lost to this client. Load the affected tables again (binlake snapshot) and "
+            "rewind the client past the gap (binlake rewind), or raise the limits so it cannot happen again")
+
+
 def compile_filter(pattern: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern)

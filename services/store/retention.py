@@ -16,9 +16,10 @@ from shared.subjects import Names
 log = structlog.get_logger()
 
 
-async def apply_retention(js: JetStreamContext, names: Names, max_age_s: float, max_bytes: int) -> StreamInfo:
-    """Create BINLAKE_CDC or update its age/bytes limits to the configured ones."""
-    want = jetstream.cdc_stream_config(names, max_age_s=max_age_s, max_bytes=max_bytes)
+async def apply_retention(js: JetStreamContext, names: Names, max_age_s: float, max_bytes: int,
+                          replicas: int = 1) -> StreamInfo:
+    """Create BINLAKE_CDC (with `replicas`) or update its age/bytes limits to the configured ones."""
+    want = jetstream.cdc_stream_config(names, replicas=replicas, max_age_s=max_age_s, max_bytes=max_bytes)
     with nats_errors(f"stream {names.cdc_stream}"):
         try:
             info = await js.stream_info(names.cdc_stream)

@@ -21,7 +21,8 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from services.store import batches
-from shared.clients import ClientState, client_key
+from shared import cas, keys
+from shared.clients import ClientState
 from shared.errors import NatsUnavailable
 from shared.meta_client import Conflict, MetaClient
 from shared.metrics import Registry
@@ -59,15 +60,17 @@ class StoreServer:
         self._batches = registry.counter("store_batches_total", "Batches delivered")
         self._rows = registry.counter("store_rows_total", "Rows delivered in batches")
         self._acks = registry.counter("store_acks_total", "Batches acked")
+        self._gaps = registry.counter("store_retention_gaps_total",
+                                      "Gets refused: messages a client had not read were removed")
         self._errors = registry.counter("store_protocol_errors_total", "Requests refused")
         self.log = structlog.get_logger().bind(actor="store")
 
     async def start(self) -> None:
-        base = f"{self._names.prefix}.store.{self._source}"
+        subject = self._names.store_rpc
         for verb, handler in (("subscribe", self.subscribe), ("ack", self.ack), ("rollback", self.rollback),
                               ("unsubscribe", self.unsubscribe)):
-            self._subs.append(await serve(self._nc, f"{base}.{verb}", self._counted(handler), queue="store"))
-        self._subs.append(await serve(self._nc, f"{base}.get", self._counted(self.get), queue="store",
+            self._subs.append(await serve(self._nc, subject(self._source, verb), self._counted(handler), queue="store"))
+        self._subs.append(await serve(self._nc, subject(self._source, "get"), self._counted(self.get), queue="store",
                                       split_fields=("events", "seqs")))
 
     async def stop(self) -> None:
@@ -88,13 +91,13 @@ class StoreServer:
     # -- state --------------------------------------------------------------------------
 
     async def _load(self, client: str) -> tuple[ClientState, int]:
-        entry = await self._meta.get(client_key(self._source, client))
+        entry = await self._meta.get(keys.client_cursor(self._source, client))
         if entry is None:
             raise RpcError("unknown_client", f"client {client!r} is not subscribed; call subscribe first")
         return ClientState.from_dict(entry.value), entry.revision
 
     async def _save(self, state: ClientState, revision: int | None, *, rewind: bool = False) -> None:
-        await self._meta.put(client_key(self._source, state.client), state.to_dict(), revision, order="seq",
+        await self._meta.put(keys.client_cursor(self._source, state.client), state.to_dict(), revision, order="seq",
                              rewind=rewind)
 
     def _lock(self, client: str) -> asyncio.Lock:
@@ -110,7 +113,7 @@ class StoreServer:
         start = req.get("start", "earliest")
         _check_start(start)
         async with self._lock(client):
-            entry = await self._meta.get(client_key(self._source, client))
+            entry = await self._meta.get(keys.client_cursor(self._source, client))
             if entry is not None and not req.get("reset"):
                 state = ClientState.from_dict(entry.value)
                 new = ClientState(client, pattern, state.acked, state.acked, (), state.min_ts, state.min_scn,
@@ -150,30 +153,31 @@ class StoreServer:
             raise BadRequest(f"max_rows must be 1..{self._max_rows}")
         if not 0 <= max_wait <= 60:
             raise BadRequest("max_wait must be 0..60 seconds")
+
+        async def attempt() -> dict[str, Any]:
+            state, revision = await self._load(client)
+            events, seqs, rows, end = await self._read(state, max_rows, max_wait)
+            if end == state.delivered:
+                return {"batch_id": None, "events": [], "seqs": [], "rows": 0}
+            if not events and not state.batches:
+                new = ClientState(state.client, state.filter, end, end, (), state.min_ts, state.min_scn, state.epoch)
+                batch_id = None
+            else:
+                new, batch_id = batches.delivered(state, end), end
+            await self._save(new, revision)
+            if batch_id is not None:
+                self._batches.inc()
+                self._rows.inc(rows)
+            return {"batch_id": batch_id, "events": events, "seqs": seqs, "rows": rows}
+
+        async def forget_position() -> None:  # what it read ahead belongs to the state that lost
+            stale = self._positions.pop(client, None)
+            if stale is not None:
+                await stale.reader.close()
+
         async with self._lock(client):
-            for _ in range(5):
-                state, revision = await self._load(client)
-                events, seqs, rows, end = await self._read(state, max_rows, max_wait)
-                if end == state.delivered:
-                    return {"batch_id": None, "events": [], "seqs": [], "rows": 0}
-                if not events and not state.batches:
-                    new = ClientState(state.client, state.filter, end, end, (), state.min_ts, state.min_scn,
-                                      state.epoch)
-                    batch_id = None
-                else:
-                    new, batch_id = batches.delivered(state, end), end
-                try:
-                    await self._save(new, revision)
-                except Conflict:
-                    stale = self._positions.pop(client, None)
-                    if stale is not None:
-                        await stale.reader.close()
-                    continue
-                if batch_id is not None:
-                    self._batches.inc()
-                    self._rows.inc(rows)
-                return {"batch_id": batch_id, "events": events, "seqs": seqs, "rows": rows}
-        raise RpcError("conflict", f"client {client!r} keeps changing concurrently")
+            return await cas.retry_on_conflict(attempt, conflict=Conflict, tries=5, what=f"client {client!r}",
+                                               on_conflict=forget_position)
 
     async def _read(self, state: ClientState, max_rows: int,
                     max_wait: float) -> tuple[list[bytes], list[int], int, int]:
@@ -200,7 +204,16 @@ class StoreServer:
                 pos.buffer.extend(await pos.reader.fetch(wait_s=max(0.01, remaining)))
                 continue
             m = pos.buffer.popleft()
-            end = m.metadata.sequence.stream
+            seq = m.metadata.sequence.stream
+            # One source per prefix: the source's subjects are the whole stream, so its sequences
+            # are contiguous. A jump is retention (or a removal) ahead of this client. A client
+            # that never read anything starts wherever the stream starts.
+            if seq != end + 1 and end > 0:
+                self._gaps.inc()
+                await pos.reader.close()
+                self._positions.pop(state.client, None)
+                raise batches.RetentionGap(state.client, end + 1, seq, self._names.cdc_stream)
+            end = seq
             parts = m.subject.split(".")
             headers = m.headers or {}
             if batches.wanted((unescape_token(parts[-2]), unescape_token(parts[-1])) if parts[-2] != "$binlake"
@@ -213,34 +226,32 @@ class StoreServer:
     async def ack(self, req: dict[str, Any]) -> dict[str, Any]:
         client = require(req, "client", str)
         batch_id = require(req, "batch_id", int)
+
+        async def attempt() -> dict[str, Any]:
+            state, revision = await self._load(client)
+            new = batches.acked(state, batch_id)
+            await self._save(new, revision)
+            self._acks.inc()
+            return {"acked": new.acked}
+
         async with self._lock(client):
-            for _ in range(5):
-                state, revision = await self._load(client)
-                new = batches.acked(state, batch_id)
-                try:
-                    await self._save(new, revision)
-                except Conflict:
-                    continue
-                self._acks.inc()
-                return {"acked": new.acked}
-        raise RpcError("conflict", f"client {client!r} keeps changing concurrently")
+            return await cas.retry_on_conflict(attempt, conflict=Conflict, tries=5, what=f"client {client!r}")
 
     async def rollback(self, req: dict[str, Any]) -> dict[str, Any]:
         client = require(req, "client", str)
+
+        async def attempt() -> dict[str, Any]:
+            state, revision = await self._load(client)
+            new = state.rolled_back()
+            await self._save(new, revision)
+            return {"acked": new.acked}
+
         async with self._lock(client):
-            for _ in range(5):
-                state, revision = await self._load(client)
-                new = state.rolled_back()
-                try:
-                    await self._save(new, revision)
-                except Conflict:
-                    continue
-                return {"acked": new.acked}
-        raise RpcError("conflict", f"client {client!r} keeps changing concurrently")
+            return await cas.retry_on_conflict(attempt, conflict=Conflict, tries=5, what=f"client {client!r}")
 
     async def unsubscribe(self, req: dict[str, Any]) -> dict[str, Any]:
         client = require(req, "client", str)
-        await self._meta.delete(client_key(self._source, client))
+        await self._meta.delete(keys.client_cursor(self._source, client))
         pos = self._positions.pop(client, None)
         if pos is not None:
             await pos.reader.close()

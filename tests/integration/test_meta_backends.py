@@ -9,6 +9,9 @@ compare-and-set through `MetaClient`, and schema history recorded from a real pa
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -25,7 +28,8 @@ from shared import meta_client
 from shared.errors import NatsUnavailable
 from shared.meta_client import MetaClient
 from shared.rpc import RpcError
-from tests.integration.support import ServiceProcess, StoredMsg, read_stream
+from shared.store_client import StoreClient
+from tests.integration.support import ROOT, ServiceProcess, StoredMsg, read_stream
 from tests.servers import MariaDB
 
 BACKENDS = ["kv", "mysql"]
@@ -84,25 +88,25 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[MetaBackend]:
 # -- the backend contract ---------------------------------------------------------------------
 
 
-async def test_get_of_a_missing_key_is_none(backend: MetaBackend):
+async def test_get_of_a_missing_key_is_none(backend: MetaBackend) -> None:
     assert await backend.get("client.main.nobody") is None
 
 
-async def test_put_creates_then_get_returns_value_and_revision(backend: MetaBackend):
+async def test_put_creates_then_get_returns_value_and_revision(backend: MetaBackend) -> None:
     value = {"seq": 42, "nested": {"list": [1, 2, 3], "ü": "ß ✓"}, "big": 2**63 + 5, "none": None}
     rev = await backend.put("client.main.a", value, None)
     assert isinstance(rev, int) and rev >= 1
     assert await backend.get("client.main.a") == CursorEntry("client.main.a", value, rev)
 
 
-async def test_create_of_an_existing_key_is_a_conflict(backend: MetaBackend):
+async def test_create_of_an_existing_key_is_a_conflict(backend: MetaBackend) -> None:
     rev = await backend.put("k.one", {"seq": 1}, None)
     with pytest.raises(Conflict):
         await backend.put("k.one", {"seq": 2}, None)
     assert await backend.get("k.one") == CursorEntry("k.one", {"seq": 1}, rev)
 
 
-async def test_put_with_the_current_revision_updates_and_grows_the_revision(backend: MetaBackend):
+async def test_put_with_the_current_revision_updates_and_grows_the_revision(backend: MetaBackend) -> None:
     rev1 = await backend.put("k.cas", {"seq": 1}, None)
     rev2 = await backend.put("k.cas", {"seq": 2}, rev1)
     assert rev2 > rev1
@@ -111,7 +115,7 @@ async def test_put_with_the_current_revision_updates_and_grows_the_revision(back
     assert await backend.get("k.cas") == CursorEntry("k.cas", {"seq": 3}, rev3)
 
 
-async def test_put_with_a_stale_revision_is_a_conflict_and_changes_nothing(backend: MetaBackend):
+async def test_put_with_a_stale_revision_is_a_conflict_and_changes_nothing(backend: MetaBackend) -> None:
     rev1 = await backend.put("k.stale", {"seq": 1}, None)
     rev2 = await backend.put("k.stale", {"seq": 2}, rev1)
     with pytest.raises(Conflict, match=r"k\.stale"):
@@ -121,13 +125,13 @@ async def test_put_with_a_stale_revision_is_a_conflict_and_changes_nothing(backe
     assert await backend.get("k.stale") == CursorEntry("k.stale", {"seq": 2}, rev2)
 
 
-async def test_update_of_a_missing_key_is_a_conflict(backend: MetaBackend):
+async def test_update_of_a_missing_key_is_a_conflict(backend: MetaBackend) -> None:
     with pytest.raises(Conflict):
         await backend.put("k.missing", {"seq": 1}, 1)
     assert await backend.get("k.missing") is None
 
 
-async def test_two_writers_with_the_same_revision_one_wins(backend: MetaBackend):
+async def test_two_writers_with_the_same_revision_one_wins(backend: MetaBackend) -> None:
     rev = await backend.put("k.race", {"seq": 0}, None)
     results = await asyncio.gather(*(backend.put("k.race", {"seq": i}, rev) for i in range(1, 6)),
                                    return_exceptions=True)
@@ -139,7 +143,7 @@ async def test_two_writers_with_the_same_revision_one_wins(backend: MetaBackend)
     assert entry.value == {"seq": results.index(winners[0]) + 1}
 
 
-async def test_list_cursors_by_prefix_sorted_by_key(backend: MetaBackend):
+async def test_list_cursors_by_prefix_sorted_by_key(backend: MetaBackend) -> None:
     for key in ("client.main.b", "client.main.a", "client.other.c", "sink.main.p1", "client.mainx.d",
                 "p_q.1", "pzq.1"):
         await backend.put(key, {"key": key}, None)
@@ -154,11 +158,11 @@ async def test_list_cursors_by_prefix_sorted_by_key(backend: MetaBackend):
     assert len(await backend.list_cursors("")) == 7
 
 
-async def test_list_cursors_of_an_empty_store(backend: MetaBackend):
+async def test_list_cursors_of_an_empty_store(backend: MetaBackend) -> None:
     assert await backend.list_cursors("") == []
 
 
-async def test_delete_removes_the_key_and_it_can_be_created_again(backend: MetaBackend):
+async def test_delete_removes_the_key_and_it_can_be_created_again(backend: MetaBackend) -> None:
     await backend.put("client.main.gone", {"seq": 1}, None)
     await backend.put("client.main.kept", {"seq": 2}, None)
     await backend.delete("client.main.gone")
@@ -171,7 +175,7 @@ async def test_delete_removes_the_key_and_it_can_be_created_again(backend: MetaB
 
 @pytest.mark.parametrize("backend", [
     "kv", "mysql"], indirect=True)
-async def test_keys_differing_in_case_are_different_cursors(backend: MetaBackend):
+async def test_keys_differing_in_case_are_different_cursors(backend: MetaBackend) -> None:
     await backend.put("client.main.App", {"seq": 1}, None)
     await backend.put("client.main.app", {"seq": 2}, None)
     assert (await backend.get("client.main.App")).value == {"seq": 1}  # type: ignore[union-attr]
@@ -183,11 +187,11 @@ def rec(scn: int, table: str = "t", *, schema: dict[str, Any] | None = None, ddl
     return SchemaRecord(source, db, table, scn, schema=schema, ddl=ddl, ts=ts)
 
 
-async def test_schemas_of_an_unknown_table_are_empty(backend: MetaBackend):
+async def test_schemas_of_an_unknown_table_are_empty(backend: MetaBackend) -> None:
     assert await backend.schemas("main", "shop", "nothing") == []
 
 
-async def test_schemas_are_ordered_by_scn_and_per_table(backend: MetaBackend):
+async def test_schemas_are_ordered_by_scn_and_per_table(backend: MetaBackend) -> None:
     big = (2**31 << 32) | 0xFFFFFFF0
     records = [
         rec(big, schema={"id": "s3", "columns": [{"name": "id"}]}, ts=3),
@@ -209,7 +213,7 @@ async def test_schemas_are_ordered_by_scn_and_per_table(backend: MetaBackend):
     assert [r.ddl for r in await backend.schemas("other", "shop", "t")] == ["CREATE TABLE t (x INT)"]
 
 
-async def test_add_schema_is_idempotent_per_table_and_scn(backend: MetaBackend):
+async def test_add_schema_is_idempotent_per_table_and_scn(backend: MetaBackend) -> None:
     r = rec(500, schema={"id": "a", "columns": [{"name": "id", "type": "int"}]}, ts=9)
     await backend.add_schema(r)
     await backend.add_schema(r)
@@ -220,7 +224,7 @@ async def test_add_schema_is_idempotent_per_table_and_scn(backend: MetaBackend):
     assert [x.scn for x in await backend.schemas("main", "shop", "t")] == [400, 500]
 
 
-async def test_schemas_keep_unusual_names(backend: MetaBackend):
+async def test_schemas_keep_unusual_names(backend: MetaBackend) -> None:
     r1 = rec(10, "tab le.ü*>", db="my.db$", ddl="CREATE TABLE `tab le.ü*>` (x INT)")
     r2 = rec(11, "", db="", schema={"id": "e", "columns": []})
     await backend.add_schema(r1)
@@ -231,7 +235,7 @@ async def test_schemas_keep_unusual_names(backend: MetaBackend):
 
 @pytest.mark.parametrize("backend", [
     "kv", "mysql"], indirect=True)
-async def test_tables_differing_in_case_have_their_own_history(backend: MetaBackend):
+async def test_tables_differing_in_case_have_their_own_history(backend: MetaBackend) -> None:
     await backend.add_schema(rec(10, "T", ddl="CREATE TABLE T (x INT)"))
     await backend.add_schema(rec(10, "t", ddl="CREATE TABLE t (y INT)"))
     assert [r.ddl for r in await backend.schemas("main", "shop", "T")] == ["CREATE TABLE T (x INT)"]
@@ -502,3 +506,32 @@ async def test_kv_history_and_list_reads_are_complete_and_leave_no_consumers(nat
         assert info.state.consumer_count < 10, f"{info.state.consumer_count} consumers left on the history bucket"
     finally:
         await nc.close()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_status_shows_the_client_cursors_of_either_backend(
+        kind: str, request: pytest.FixtureRequest, service_factory: Callable[..., ServiceProcess],
+        nats_url: str) -> None:
+    meta = service_factory("services.meta", "meta", **meta_env(kind, request))
+    store = service_factory("services.store", "store")
+    nc = await nats.connect(nats_url)
+    try:
+        await meta_ready(MetaClient(nc, timeout_s=10), meta)
+        client = StoreClient(nc, "my app/ü", timeout_s=10)
+
+        async def subscribed() -> bool:
+            assert store.running, store.output[-3000:]
+            await client.subscribe()
+            return True
+
+        await wait_for(subscribed, 60, "the store to answer")
+    finally:
+        await nc.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env["BINLAKE_NATS_URL"] = nats_url
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "services.cli", "status"], cwd=ROOT,
+                                  env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "my app/ü: acked=0 delivered=0 unacked=0 filter=.*" in out.stdout, out.stdout
+    assert "meta is not answering" not in out.stdout

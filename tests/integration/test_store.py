@@ -28,11 +28,12 @@ from shared.errors import NatsUnavailable
 from shared.meta_client import MetaClient
 from shared.rpc import RpcError
 from shared.store_client import Batch, StoreClient
+from shared.subjects import Names
+from tests.integration.conftest import ParserFactory
 from tests.integration.support import ServiceProcess, StoredMsg, read_stream
-from tests.servers import MariaDB
+from tests.servers import MariaDB, NatsServer
 
 T = TypeVar("T")
-SUBJECT = "binlake.store.main.{}"
 MAX_BATCH_ROWS = 100_000  # the store's default limit
 
 
@@ -100,7 +101,7 @@ async def retrying(op: Callable[[], Awaitable[T]], what: str, timeout: float = 1
 
 
 async def raw_request(nc: NATS, verb: str, data: bytes, timeout: float = 15) -> dict[str, Any]:
-    reply = await nc.request(SUBJECT.format(verb), data, timeout=timeout)
+    reply = await nc.request(Names().store_rpc("main", verb), data, timeout=timeout)
     body: dict[str, Any] = msgpack.unpackb(reply.data, raw=False)
     return body
 
@@ -123,7 +124,9 @@ async def wait_services(nc: NATS, meta: ServiceProcess, store: ServiceProcess | 
 
 
 @pytest.fixture
-async def services(mariadb, database, service_factory, nats_url) -> AsyncIterator[Stack]:
+async def services(
+        mariadb: MariaDB, database: str, service_factory: Callable[..., ServiceProcess],
+        nats_url: str) -> AsyncIterator[Stack]:
     """meta and store only (BINLAKE_CDC stays empty)."""
     meta = service_factory("services.meta", "meta")
     nc = await nats.connect(nats_url)
@@ -139,7 +142,7 @@ async def services(mariadb, database, service_factory, nats_url) -> AsyncIterato
 
 
 @pytest.fixture
-async def stack(services: Stack, parser_factory, sink_factory) -> Stack:
+async def stack(services: Stack, parser_factory: ParserFactory, sink_factory: Callable[..., ServiceProcess]) -> Stack:
     """The whole pipeline: parser and one sink in front of meta and store."""
     await asyncio.to_thread(parser_factory)
     sink_factory("sink")
@@ -219,7 +222,7 @@ async def refused(op: Awaitable[Any], code: str, text: str) -> RpcError:
 
 
 @pytest.mark.timeout(240)
-async def test_subscribe_starts_and_batches(stack: Stack):
+async def test_subscribe_starts_and_batches(stack: Stack) -> None:
     db = stack.db
     await stack.sql(create(db, "t"), create(db, "u"),
                     *inserts(db, 1, 10, rows_per=3), *inserts(db, 1000, 5, table="u"))
@@ -309,7 +312,7 @@ async def test_subscribe_starts_and_batches(stack: Stack):
 
 
 @pytest.mark.timeout(240)
-async def test_protocol_errors_are_clear(stack: Stack):
+async def test_protocol_errors_are_clear(stack: Stack) -> None:
     db = stack.db
     await stack.sql(create(db), *inserts(db, 1, 12, rows_per=2))
     msgs = await stack.wait_cdc(24)
@@ -403,7 +406,7 @@ async def test_protocol_errors_are_clear(stack: Stack):
 
 
 @pytest.mark.timeout(240)
-async def test_rollback_redelivers_every_unacked_batch_in_order(stack: Stack):
+async def test_rollback_redelivers_every_unacked_batch_in_order(stack: Stack) -> None:
     db = stack.db
     await stack.sql(create(db), *inserts(db, 1, 20, rows_per=2))
     msgs = await stack.wait_cdc(40)
@@ -429,8 +432,32 @@ async def test_rollback_redelivers_every_unacked_batch_in_order(stack: Stack):
     assert events_of(await drain(c, idle=1)) == []
 
 
+async def test_messages_removed_before_a_client_read_them_halt_it_loudly(stack: Stack) -> None:
+    """Retention (here a purge) ahead of a client: its next get names the gap, never skips it."""
+    db = stack.db
+    await stack.sql(create(db), *inserts(db, 1, 30))
+    msgs = await stack.wait_cdc(30)
+    c = stack.client("gap")
+    await c.subscribe(filter=stack.table_filter())
+    first = await c.get(max_rows=5)
+    assert first.id is not None
+    await c.ack(first.id)
+    keep = msgs[20].seq
+    await stack.nc.jetstream().purge_stream("BINLAKE_CDC", seq=keep)  # everything before `keep` is gone
+    stack.store.kill()  # what it had read ahead goes with it: the next get reads the stream again
+    stack.store.start()
+    await wait_services(stack.nc, stack.meta, stack.store)
+    err = await refused(c.get(max_rows=5), "retention_gap", f"no longer holds sequences {first.id + 1}..{keep - 1}")
+    assert "binlake snapshot" in str(err)
+    await refused(c.get(max_rows=5), "retention_gap", "which client 'gap' has not read")  # and stays halted
+    # A new client starts where the stream starts now: nothing was owed to it.
+    fresh = stack.client("fresh")
+    await fresh.subscribe(filter=stack.table_filter(), start="earliest")
+    assert ids_of(events_of(await drain(fresh)))[0] == msgs[20].env["rows"][0]["after"]["id"]
+
+
 @pytest.mark.timeout(240)
-async def test_a_client_that_dies_without_acking_gets_the_same_events_again(stack: Stack):
+async def test_a_client_that_dies_without_acking_gets_the_same_events_again(stack: Stack) -> None:
     db = stack.db
     await stack.sql(create(db), *inserts(db, 1, 15, rows_per=3))
     msgs = await stack.wait_cdc(45)
@@ -514,7 +541,7 @@ class Consumer:
 
 
 @pytest.mark.timeout(300)
-async def test_kill_9_of_store_and_meta_mid_stream_loses_no_cursor(stack: Stack):
+async def test_kill_9_of_store_and_meta_mid_stream_loses_no_cursor(stack: Stack) -> None:
     db = stack.db
     await stack.sql(create(db))
     await stack.wait_cdc(0)
@@ -596,7 +623,7 @@ async def test_kill_9_of_store_and_meta_mid_stream_loses_no_cursor(stack: Stack)
 
 
 @pytest.mark.timeout(240)
-async def test_nats_restart_mid_stream_loses_no_cursor(stack: Stack, nats_server):
+async def test_nats_restart_mid_stream_loses_no_cursor(stack: Stack, nats_server: NatsServer) -> None:
     db = stack.db
     await stack.sql(create(db), *inserts(db, 1, 40, rows_per=2))
     expected = await stack.wait_cdc(80)
@@ -632,7 +659,7 @@ async def test_nats_restart_mid_stream_loses_no_cursor(stack: Stack, nats_server
 
 
 @pytest.mark.timeout(240)
-async def test_rewind_to_a_timestamp_and_to_a_position(stack: Stack):
+async def test_rewind_to_a_timestamp_and_to_a_position(stack: Stack) -> None:
     db = stack.db
     await stack.sql(create(db))
     await stack.sql(*inserts(db, 100, 5, phase=1))
@@ -691,7 +718,7 @@ async def test_rewind_to_a_timestamp_and_to_a_position(stack: Stack):
 
 
 @pytest.mark.timeout(120)
-async def test_get_with_a_non_numeric_max_rows_is_a_bad_request(services: Stack):
+async def test_get_with_a_non_numeric_max_rows_is_a_bad_request(services: Stack) -> None:
     await StoreClient(services.nc, "typed").subscribe()
     for req in ({"client": "typed", "max_rows": "many"}, {"client": "typed", "max_wait": "long"},
                 {"client": "typed", "max_rows": None}):
@@ -703,14 +730,14 @@ async def test_get_with_a_non_numeric_max_rows_is_a_bad_request(services: Stack)
 
 
 @pytest.mark.timeout(120)
-async def test_a_bad_start_is_refused_for_a_known_client_too(services: Stack):
+async def test_a_bad_start_is_refused_for_a_known_client_too(services: Stack) -> None:
     c = StoreClient(services.nc, "known")
     await c.subscribe()
     await refused(c.subscribe(start="yesterday"), "bad_request", "start must be")
 
 
 @pytest.mark.timeout(120)
-async def test_one_clients_long_poll_does_not_block_another_client(services: Stack):
+async def test_one_clients_long_poll_does_not_block_another_client(services: Stack) -> None:
     a, b = StoreClient(services.nc, "a"), StoreClient(services.nc, "b")
     await a.subscribe()
     await b.subscribe()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -12,7 +13,7 @@ from shared.bridge import BridgeClosed, ThreadBridge
 N = 100_000
 
 
-def start(target) -> threading.Thread:
+def start(target: Callable[[], None]) -> threading.Thread:
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     return thread

@@ -174,6 +174,8 @@ def test_parser_config_requires_source_url():
         ({"BINLAKE_SOURCE": ""}, "BINLAKE_SOURCE must be letters, digits"),
         ({"BINLAKE_PARTITIONS": "0"}, "BINLAKE_PARTITIONS must be 1..1024"),
         ({"BINLAKE_PARTITIONS": "1025"}, "BINLAKE_PARTITIONS must be 1..1024"),
+        ({"BINLAKE_REPLICAS": "0"}, "BINLAKE_REPLICAS must be 1..5"),
+        ({"BINLAKE_REPLICAS": "7"}, "BINLAKE_REPLICAS must be 1..5"),
         ({"BINLAKE_METRICS_PORT": "x"}, "BINLAKE_METRICS_PORT must be int"),
         ({"BINLAKE_ACK_TIMEOUT_S": "soon"}, "BINLAKE_ACK_TIMEOUT_S must be float"),
     ],
@@ -189,3 +191,8 @@ def test_replica_server_id():
     derived = ParserConfig.from_env(URL | {"BINLAKE_SOURCE": "east"}).replica_server_id
     assert derived == 0x40000000 | (fnv1a32(b"east") & 0x3FFFFFFF)
     assert 0x40000000 <= derived < 0x80000000
+
+
+def test_replicas_default_to_one_and_are_read_like_every_setting():
+    assert ParserConfig.from_env(URL).replicas == 1
+    assert ParserConfig.from_env(URL | {"BINLAKE_REPLICAS": "3"}).replicas == 3

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgpack
 import pytest
 
@@ -11,7 +13,7 @@ from shared.envelope import EnvelopeError
 SCHEMA = {"id": "abc123", "columns": [{"name": "id", "type": "int", "nullable": False}]}
 
 
-def fields(**extra) -> dict:
+def fields(**extra: Any) -> dict[str, Any]:
     base = {
         "v": envelope.VERSION, "source": "src", "db": "shop", "table": "orders", "op": "i", "ts": 1700000000000,
         "pos": {"file": "mysql-bin.000002", "offset": 120, "gtid": "0-1-5"}, "scn": (2 << 32) | 120,
@@ -21,8 +23,8 @@ def fields(**extra) -> dict:
     return base | extra
 
 
-def packb(obj) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+def packb(obj: Any) -> bytes:
+    return bytes(msgpack.packb(obj, use_bin_type=True))
 
 
 @pytest.mark.parametrize("n_extra", [0, 1, 2, 3, 4, 20])  # 12..16 keys: fixmap splice and its limit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import structlog
@@ -56,7 +57,7 @@ def test_redact_secrets_leaves_none_and_redacts_urls_in_values():
 def json_logging(capsys):
     """Configure JSON logging inside the test (capsys swaps stderr per phase); returns a reader of the lines."""
 
-    def read() -> list[dict]:
+    def read() -> list[dict[str, Any]]:
         return [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
 
     def start():

@@ -7,8 +7,10 @@ import re
 
 import pytest
 
+from shared import keys
 from shared import snapshots as snap
-from shared.snapshots import SnapshotRequest, TableProgress, kv_token, matches
+from shared.keys import kv_token
+from shared.snapshots import SnapshotRequest, TableProgress, matches
 
 NAMES = ["", "=", "a", "A", "a.b", "a_b", "a-b", "a b", "a=2Eb", "a=2E", "=2E", ".", "..", "*", ">", "caf\u00e9",
          "\U0001f389", "x/y", "a\\b", "a`b", "tab\tle", "=3D", "3D", "a.b.c", "a..b"]
@@ -34,28 +36,28 @@ def test_kv_token(name: str, token: str) -> None:
 
 
 def test_table_and_request_keys() -> None:
-    assert snap.table_key("main", "shop", "orders") == "snapshot.main.table.shop.orders"
-    assert snap.request_key("main", "abc123") == "snapshot.main.request.abc123"
-    assert snap.tables_filter("main") == "snapshot.main.table.>"
-    assert snap.requests_filter("main") == "snapshot.main.request.>"
+    assert keys.snapshot_table("main", "shop", "orders") == "snapshot.main.table.shop.orders"
+    assert keys.snapshot_request("main", "abc123") == "snapshot.main.request.abc123"
+    assert keys.snapshot_tables("main") == "snapshot.main.table.>"
+    assert keys.snapshot_requests("main") == "snapshot.main.request.>"
 
 
 def test_keys_escape_dots_so_names_cannot_collide() -> None:
-    assert snap.table_key("main", "a.b", "c") != snap.table_key("main", "a", "b.c")
-    assert snap.table_key("main", "a.b", "c") == "snapshot.main.table.a=2Eb.c"
-    assert snap.table_key("a.b", "c", "d") != snap.table_key("a", "b.c", "d")
-    assert len(snap.table_key("main", "a.b", "c.d").split(".")) == 5
+    assert keys.snapshot_table("main", "a.b", "c") != keys.snapshot_table("main", "a", "b.c")
+    assert keys.snapshot_table("main", "a.b", "c") == "snapshot.main.table.a=2Eb.c"
+    assert keys.snapshot_table("a.b", "c", "d") != keys.snapshot_table("a", "b.c", "d")
+    assert len(keys.snapshot_table("main", "a.b", "c.d").split(".")) == 5
 
 
 @pytest.mark.parametrize("source", ["main", "east.1", "we ird"])
 def test_keys_fall_under_their_filters(source: str) -> None:
-    tkey = snap.table_key(source, "shop", "orders")
-    rkey = snap.request_key(source, "r1")
-    assert tkey.startswith(snap.tables_filter(source)[:-1])
-    assert rkey.startswith(snap.requests_filter(source)[:-1])
-    assert not tkey.startswith(snap.requests_filter(source)[:-1])
-    other = snap.table_key(source + "x", "shop", "orders")
-    assert not other.startswith(snap.tables_filter(source)[:-1])
+    tkey = keys.snapshot_table(source, "shop", "orders")
+    rkey = keys.snapshot_request(source, "r1")
+    assert tkey.startswith(keys.snapshot_tables(source)[:-1])
+    assert rkey.startswith(keys.snapshot_requests(source)[:-1])
+    assert not tkey.startswith(keys.snapshot_requests(source)[:-1])
+    other = keys.snapshot_table(source + "x", "shop", "orders")
+    assert not other.startswith(keys.snapshot_tables(source)[:-1])
 
 
 # -- TableProgress --------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ import pytest
 
 from services.store import batches
 from services.store.batches import ProtocolError
-from shared.clients import ClientState, client_key
+from shared import keys
+from shared.clients import ClientState
 from shared.rpc import BadRequest, RpcError
 
 
@@ -234,11 +235,11 @@ def test_seq_in_the_dict_is_the_acked_position():
 
 
 def test_client_key_is_kv_safe():
-    assert client_key("main", "loader") == "client.main.loader"
-    key = client_key("main", "my app/ü*>")
+    assert keys.client_cursor("main", "loader") == "client.main.loader"
+    key = keys.client_cursor("main", "my app/ü*>")
     assert re.fullmatch(r"[A-Za-z0-9_=.-]+", key)
 
 
 def test_client_key_is_injective():
     names = ["a.b", "a_b", "a b", "a*b"]
-    assert len({client_key("main", n) for n in names}) == len(names)
+    assert len({keys.client_cursor("main", n) for n in names}) == len(names)

@@ -1,0 +1,46 @@
+"""`binlake tail` on a stream that also holds a message that is not a binlake envelope."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import nats
+
+from shared import envelope, jetstream
+from shared.subjects import Names
+from tests.integration.support import ROOT
+
+
+async def publish(nats_url: str) -> None:
+    names = Names()
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        await jetstream.ensure_streams(js, names, 16)
+        env = {"v": envelope.VERSION, "source": "main", "db": "shop", "table": "items", "op": "i", "ts": 1,
+               "pos": {"file": "mysql-bin.000001", "offset": 4, "gtid": None}, "scn": 1 << 32 | 4,
+               "txn": {"id": "t", "i": 0, "last": True}, "pk": ["id"], "rows": [{"after": {"id": 1}}]}
+        subject = names.cdc("main", "shop", "items")
+        await js.publish(subject, b"\xc1 not msgpack")
+        await js.publish(subject, envelope.encode({**env, "v": 99}))
+        await js.publish(subject, envelope.encode(env))
+    finally:
+        await nc.close()
+
+
+def test_tail_shows_what_is_not_an_envelope_and_goes_on(nats_url: str) -> None:
+    asyncio.run(publish(nats_url))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env["BINLAKE_NATS_URL"] = nats_url
+    out = subprocess.run([sys.executable, "-m", "services.cli", "tail", "shop.items", "--no-follow"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    errors = [line.get("_error", "")[:27] for line in lines]
+    assert errors == ["not a binlake envelope: not", "not a binlake envelope: env", ""]
+    assert "version 99" in lines[1]["_error"]
+    assert lines[2]["rows"] == [{"after": {"id": 1}}] and lines[2]["_seq"] == 3

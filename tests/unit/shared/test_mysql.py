@@ -1,0 +1,79 @@
+"""shared.mysql: every mysql:// URL binlake takes, and what a server error code tells the operator."""
+
+from __future__ import annotations
+
+import pymysql
+import pytest
+
+from shared.errors import AccessDenied, BinlogPurged, ConfigError, DecodeError, MissingPrivilege, SourceUnavailable
+from shared.mysql import MysqlUrl, binlog_status_sql, map_mysql_error, server_version
+
+
+def test_a_full_url_with_quoted_user_and_password() -> None:
+    url = MysqlUrl.parse("mysql://repl%40x:p%2Fw%3Ad@db.example:3307/meta")
+    assert url == MysqlUrl("db.example", 3307, "repl@x", "p/w:d", "meta")
+    assert str(url) == "mysql://repl@x@db.example:3307/meta"  # no password in messages
+    assert url.pymysql_settings() == {"host": "db.example", "port": 3307, "user": "repl@x", "password": "p/w:d",
+                                      "connect_timeout": 10, "database": "meta"}
+    assert url.address == "db.example:3307"
+    assert url.asyncmy_settings()["password"] == "p/w:d"
+
+
+def test_defaults_and_the_mariadb_scheme() -> None:
+    assert MysqlUrl.parse("mariadb://h") == MysqlUrl("h", 3306, "root", "", "")
+    assert "database" not in MysqlUrl.parse("mysql://h").pymysql_settings()
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("postgres://u@h:5432", "source URL must look like mysql://user:password@host:3306, got scheme 'postgres'"),
+    ("mysql://", "must look like"),
+    ("mysql://u@h:notaport", "must look like mysql://user:password@host:3306"),
+    ("h:3306", "got scheme"),
+])
+def test_bad_urls_say_the_form(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        MysqlUrl.parse(url)
+
+
+def test_a_database_can_be_required() -> None:
+    with pytest.raises(ConfigError, match=r"META_MYSQL_URL must look like .*/database: the database is missing"):
+        MysqlUrl.parse("mysql://u@h:3306", "BINLAKE_META_MYSQL_URL", need_database=True)
+
+
+@pytest.mark.parametrize(("exc", "kind", "hint"), [
+    (pymysql.err.OperationalError(1236, "Could not find first log file"), BinlogPurged, "take a new snapshot"),
+    (pymysql.err.OperationalError(1045, "Access denied"), AccessDenied, "check user and password"),
+    (pymysql.err.OperationalError(1227, "need REPLICATION SLAVE"), MissingPrivilege, "GRANT REPLICATION SLAVE"),
+    (pymysql.err.OperationalError(2003, "Can't connect"), SourceUnavailable, "unreachable"),
+    (ConnectionResetError("reset"), SourceUnavailable, "unreachable"),
+    (pymysql.err.OperationalError(1064, "syntax"), DecodeError, "failed at mysql-bin.000001:4"),
+])
+def test_error_codes_become_errors_that_say_what_to_do(exc: Exception, kind: type[Exception], hint: str) -> None:
+    err = map_mysql_error(exc, "mysql-bin.000001:4")
+    assert isinstance(err, kind) and hint in str(err)
+
+
+@pytest.mark.parametrize(("version", "sql"), [
+    ("5.7.44-log", "SHOW MASTER STATUS"),
+    ("8.0.40", "SHOW MASTER STATUS"),
+    ("8.1.0", "SHOW MASTER STATUS"),
+    ("8.2.0", "SHOW BINARY LOG STATUS"),
+    ("8.4.6", "SHOW BINARY LOG STATUS"),
+    ("9.4.0-commercial", "SHOW BINARY LOG STATUS"),
+    ("10.4.34-MariaDB", "SHOW MASTER STATUS"),
+    ("10.5.1-MariaDB", "SHOW MASTER STATUS"),
+    ("10.5.2-MariaDB", "SHOW BINLOG STATUS"),
+    ("10.11.19-MariaDB-0+deb12u1-log", "SHOW BINLOG STATUS"),
+    ("5.5.5-10.11.6-MariaDB-0+deb12u1", "SHOW BINLOG STATUS"),  # a handshake's version of MariaDB 10
+    ("5.5.5-10.4.2-MariaDB", "SHOW MASTER STATUS"),
+    ("11.8.3-MariaDB", "SHOW BINLOG STATUS"),
+])
+def test_the_binlog_status_statement_follows_the_server_version(version: str, sql: str) -> None:
+    assert binlog_status_sql(version) == sql
+
+
+def test_versions_are_read_as_numbers_not_text() -> None:
+    assert server_version("10.0.1-MariaDB") == (True, (10, 0, 1))
+    assert server_version("8.10.2") == (False, (8, 10, 2))
+    with pytest.raises(ConfigError, match="cannot read the server version"):
+        binlog_status_sql("unknown")
