@@ -13,9 +13,8 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import pymysql
 import pymysqlreplication.binlogstream as binlogstream
@@ -25,6 +24,7 @@ from pymysqlreplication import row_event as rev
 
 from services.parser import ddl
 from services.parser.columns import TableSchema, schema_from_table_map
+from services.parser.redact import redact
 from services.parser.rows import check_full_image, decode_rows
 from services.parser.snapshot.windows import Windows
 from services.parser.transactions import Assembler, Outgoing, Resume
@@ -32,15 +32,12 @@ from services.parser.values import DecodeStats
 from shared import envelope
 from shared.bridge import BridgeClosed, ThreadBridge
 from shared.errors import (
-    AccessDenied,
     BinlakeError,
-    BinlogPurged,
-    ConfigError,
     DecodeError,
-    MissingPrivilege,
     SourceMisconfigured,
     SourceUnavailable,
 )
+from shared.mysql import MysqlUrl, map_mysql_error
 
 # Never let the library reconnect by itself (it would restart from its first position).
 binlogstream.MYSQL_EXPECTED_ERROR_CODES = []
@@ -60,52 +57,15 @@ _IGNORABLE = {0x1C, 0x1D, 0x24, 0x25, 0x05, 0x0D, 0x0E, 0xA0}  # ignorable, rows
 _MARIADB_COMPRESSED = set(range(0xA5, 0xAC))
 
 
-@dataclass(frozen=True)
-class SourceDsn:
-    host: str
-    port: int
-    user: str
-    password: str
-
-    @classmethod
-    def parse(cls, url: str) -> SourceDsn:
-        parts = urlsplit(url)
-        if parts.scheme not in ("mysql", "mariadb") or not parts.hostname:
-            raise ConfigError(f"source URL must look like mysql://user:password@host:3306, got scheme {parts.scheme!r}")
-        return cls(host=parts.hostname, port=parts.port or 3306, user=unquote(parts.username or "root"),
-                   password=unquote(parts.password or ""))
-
-    def pymysql_settings(self) -> dict[str, Any]:
-        return {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password,
-                "connect_timeout": 10}
-
-
-def map_mysql_error(exc: Exception, where: str) -> BinlakeError:
-    """Translate a pymysql error into the binlake error that tells the operator what to do."""
-    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
-    text = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
-    if code == 1236:
-        return BinlogPurged(
-            f"the source cannot stream from {where}: {text}. The binlogs holding that position are gone; "
-            "take a new snapshot and reset the parser (delete its raw stream data) to continue"
-        )
-    if code == 1045:
-        return AccessDenied(f"access denied for the source user ({text}); check user and password in the source URL")
-    if code in (1227, 1044, 1142, 1143):
-        return MissingPrivilege(
-            f"the source user lacks a privilege ({text}); GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO it"
-        )
-    if code in (2003, 2005, 2006, 2013, 2055) or isinstance(exc, (OSError, pymysql.err.InterfaceError)):
-        return SourceUnavailable(f"source unreachable or gone away ({text})")
-    return DecodeError(f"binlog stream failed at {where}: {exc!r}")
-
-
 class BinlogReader:
     """Reads the binlog from `start` and pushes finished messages into `bridge` (thread body)."""
 
-    def __init__(self, dsn: SourceDsn, server_id: int, assembler: Assembler, bridge: ThreadBridge[Outgoing],
-                 *, mariadb: bool, heartbeat_s: float = 5.0, windows: Windows | None = None) -> None:
+    def __init__(self, dsn: MysqlUrl, server_id: int, assembler: Assembler, bridge: ThreadBridge[Outgoing],
+                 *, mariadb: bool, heartbeat_s: float = 5.0, windows: Windows | None = None,
+                 read_timeout_s: float | None = None, seen: Callable[[], None] | None = None) -> None:
         self._dsn = dsn
+        self._read_timeout_s = read_timeout_s  # a hung source ends the read instead of blocking forever
+        self._seen = seen
         self._windows = windows
         self._server_id = server_id
         self._asm = assembler
@@ -126,7 +86,9 @@ class BinlogReader:
             # File/offset resume; on MariaDB this needs is_mariadb=False (see PITFALLS).
             kwargs.update(log_file=start.file, log_pos=start.offset, resume_stream=True)
         return BinLogStreamReader(
-            connection_settings=self._dsn.pymysql_settings(), server_id=self._server_id, blocking=True,
+            connection_settings={**self._dsn.pymysql_settings(),
+                                 **({"read_timeout": self._read_timeout_s} if self._read_timeout_s else {})},
+            server_id=self._server_id, blocking=True,
             only_events=_EVENTS, filter_non_implemented_events=False, slave_heartbeat=self._heartbeat_s,
             enable_logging=False, **kwargs,
         )
@@ -141,9 +103,13 @@ class BinlogReader:
                 event = self._stream.fetchone()
                 if event is None:
                     raise SourceUnavailable("the source closed the binlog stream")
+                if self._seen is not None:
+                    self._seen()
                 out = self._handle(event, self._stream.log_file)
                 if out:
                     self._bridge.put_many(out)
+                    if self._seen is not None:
+                        self._seen()  # time blocked on a slow bus is not the source's silence
         except BridgeClosed:
             pass
         except BinlakeError as exc:
@@ -195,10 +161,7 @@ class BinlogReader:
         if isinstance(event, ev.XidEvent):
             return asm.commit(file, end)
         if isinstance(event, ev.QueryEvent):
-            db = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
-            if self._windows is not None and self._windows.active:
-                self._ddl_in_window(event.query, db)
-            return asm.query(event.query, db, file, start, end, ts)
+            return self._query(event, file, start, end, ts)
         if isinstance(event, ev.MariadbGtidEvent):
             return asm.gtid(event.gtid, event.domain_id, bool(event.flags & 1), file, start)
         if isinstance(event, ev.GtidEvent):
@@ -221,6 +184,15 @@ class BinlogReader:
         if end:
             asm.between(file, end)
         return []
+
+    def _query(self, event: Any, file: str, start: int, end: int, ts: int) -> list[Outgoing]:
+        # The one place statements enter binlake: mask credentials before anything (the
+        # snapshot windows' reasons, envelopes, errors, logs) sees the text.
+        sql = redact(event.query, getattr(event, "sql_mode", 0))
+        db = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
+        if self._windows is not None and self._windows.active:
+            self._ddl_in_window(sql, db)
+        return self._asm.query(sql, db, file, start, end, ts)
 
     def _other(self, event: Any, file: str, start: int, end: int) -> list[Outgoing]:
         etype = event.event_type

@@ -14,9 +14,9 @@ from typing import Any
 import asyncmy
 import asyncmy.errors
 
-from services.parser.binlog import SourceDsn, map_mysql_error
 from services.parser.transactions import Resume
 from shared.errors import MissingPrivilege, SourceMisconfigured
+from shared.mysql import MysqlUrl, binlog_status_sql, map_mysql_error
 
 _VARIABLES = (
     "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "log_bin_compress",
@@ -92,12 +92,11 @@ async def _rows(cur: Any, sql: str) -> list[tuple[Any, ...]]:
     return list(await cur.fetchall())
 
 
-async def inspect_source(dsn: SourceDsn) -> SourceInfo:
+async def inspect_source(dsn: MysqlUrl) -> SourceInfo:
     """Connect, check settings and privileges, and read the current and earliest positions."""
-    where = f"{dsn.host}:{dsn.port}"
+    where = dsn.address
     try:
-        conn = await asyncmy.connect(host=dsn.host, port=dsn.port, user=dsn.user, password=dsn.password,
-                                     connect_timeout=10, autocommit=True)
+        conn = await asyncmy.connect(**dsn.asyncmy_settings(), autocommit=True)
     except (asyncmy.errors.MySQLError, OSError) as exc:
         raise map_mysql_error(exc, where) from exc
     try:
@@ -108,8 +107,7 @@ async def inspect_source(dsn: SourceDsn) -> SourceInfo:
             check_settings(variables)
             check_grants([str(r[0]) for r in await _rows(cur, "SHOW GRANTS")])
             mariadb = "mariadb" in variables.get("version", "").lower()
-            status_sql = "SHOW MASTER STATUS" if mariadb or variables["version"] < "8.4" else "SHOW BINARY LOG STATUS"
-            status = await _rows(cur, status_sql)
+            status = await _rows(cur, binlog_status_sql(variables.get("version", "")))
             logs = await _rows(cur, "SHOW BINARY LOGS")
     except asyncmy.errors.MySQLError as exc:
         raise map_mysql_error(exc, where) from exc

@@ -14,11 +14,11 @@ from shared.subjects import fnv1a32
 @dataclass(frozen=True, kw_only=True)
 class ParserConfig(config.ServiceConfig):
     source_url: str
-    partitions: int = 16
     server_id: int = 0  # 0: derived from the source name
     start: str = "current"  # where a parser with an empty stream begins: current | earliest
-    heartbeat_s: float = 5.0
-    lease_ttl_s: float = 6.0
+    heartbeat_s: float = 5.0  # replication heartbeat the source sends while idle
+    source_stall_s: float = 0.0  # nothing from the source this long: unhealthy, lease given up (0: auto)
+    lease_ttl_s: float = 15.0  # outlasts a JetStream leader election (a few seconds)
     publish_window: int = 4000
     ack_timeout_s: float = 15.0
     report_interval_s: float = 1.0
@@ -33,10 +33,11 @@ class ParserConfig(config.ServiceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.source_stall_s and self.source_stall_s < 2 * self.heartbeat_s:
+            raise ConfigError(f"BINLAKE_SOURCE_STALL_S ({self.source_stall_s:g}) must be at least twice "
+                              f"BINLAKE_HEARTBEAT_S ({self.heartbeat_s:g}): an idle source only sends heartbeats")
         if self.start not in ("current", "earliest"):
             raise ConfigError(f"BINLAKE_START must be 'current' or 'earliest', got {self.start!r}")
-        if not 1 <= self.partitions <= 1024:
-            raise ConfigError(f"BINLAKE_PARTITIONS must be 1..1024, got {self.partitions}")
         if self.snapshot_chunk_rows < 1:
             raise ConfigError(f"BINLAKE_SNAPSHOT_CHUNK_ROWS must be at least 1, got {self.snapshot_chunk_rows}")
         if not 1 <= self.snapshot_parallel <= 64:
@@ -54,6 +55,11 @@ class ParserConfig(config.ServiceConfig):
         db, dot, table = self.watermark_table.partition(".")
         if not (db and dot and table):
             raise ConfigError(f"BINLAKE_WATERMARK_TABLE must be <db>.<table>, got {self.watermark_table!r}")
+
+    @property
+    def stall_s(self) -> float:
+        """BINLAKE_SOURCE_STALL_S, or by default 30 s and at least three heartbeats."""
+        return self.source_stall_s or max(30.0, 3 * self.heartbeat_s)
 
     @property
     def watermark(self) -> tuple[str, str]:

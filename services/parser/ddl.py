@@ -1,21 +1,28 @@
 """Pure: which tables a statement from a binlog QUERY event touches.
 
 DDL travels on the subject of the table it alters so it stays ordered with that table's
-rows. Only the table names are parsed here; the columns come from the next TableMap.
+rows. Only the table names are parsed here, plus the lexing helpers (`tokens`,
+`split_top_level`, `unquote`) that `alter` uses to describe the columns.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
+_BACKTICK = r"`(?:[^`]|``)*`"
+_STRING = r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\""
 # Quoted tokens come first in the alternation so comment markers inside them are kept.
-_QUOTED_OR_COMMENT = re.compile(
-    r"(?P<q>`(?:[^`]|``)*`|'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\")"
-    r"|/\*(?!!).*?\*/|--[ \t][^\n]*|#[^\n]*",
+_QUOTED_OR_COMMENT = re.compile(rf"(?P<q>{_BACKTICK}|{_STRING})|/\*(?!!).*?\*/|--[ \t][^\n]*|#[^\n]*", re.DOTALL)
+# One lexical token; a string may carry an introducer (_utf8mb4'x') or a X/B/N prefix.
+_TOKEN = re.compile(
+    rf"(?P<quoted>(?:[xXbBnN]|_[A-Za-z0-9]+)?(?:{_STRING})|{_BACKTICK})"
+    r"|(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?(?![\w$\u0080-\uffff]))"
+    r"|(?P<word>[\w$\u0080-\uffff]+)|(?P<open>\()|(?P<close>\))|(?P<comma>,)|(?P<other>\S)",
     re.DOTALL,
 )
-_TOP_LEVEL_COMMA = re.compile(r"(`(?:[^`]|``)*`|'(?:[^'\\]|\\.)*'|\((?:[^()]|\([^()]*\))*\))|,")
 _NAME = r"(?:`(?:[^`]|``)+`|[\w$\u0080-\uffff]+)"
 _QNAME = rf"({_NAME}(?:\s*\.\s*{_NAME})?)"
 _IF = r"(?:IF\s+(?:NOT\s+)?EXISTS\s+)?"
@@ -42,28 +49,61 @@ class Statement:
 
     kind: str  # create / alter / drop / rename / truncate / index / other / dml / txn
     tables: tuple[tuple[str, str], ...]
+    rest: str = field(default="", compare=False, repr=False)  # CREATE/ALTER: the text after the table name
 
 
 def strip_comments(sql: str) -> str:
     return _QUOTED_OR_COMMENT.sub(lambda m: m["q"] or " ", sql).strip()
 
 
+class Token(NamedTuple):
+    """One top-level token; kind is quoted / num / word / group / comma / other."""
+
+    kind: str
+    text: str
+
+    @property
+    def word(self) -> str:
+        """The upper-cased bare word, or "" for any other token."""
+        return self.text.upper() if self.kind == "word" else ""
+
+
+def _scan(text: str) -> Iterator[tuple[str, int, int]]:
+    """Top-level tokens as (kind, start, end); a parenthesised group, nested to any depth, is one "group"."""
+    depth = start = 0
+    for m in _TOKEN.finditer(text):
+        kind = m.lastgroup or "other"
+        if kind == "open":
+            start = m.start() if depth == 0 else start
+            depth += 1
+        elif kind == "close" and depth:
+            depth -= 1
+            if depth == 0:
+                yield "group", start, m.end()
+        elif depth == 0:
+            yield kind, m.start(), m.end()
+    if depth:
+        yield "group", start, len(text)
+
+
+def tokens(text: str) -> list[Token]:
+    """Top-level tokens: quoted names and strings (with any prefix), numbers, words, symbols, `(...)` groups."""
+    return [Token(kind, text[start:end]) for kind, start, end in _scan(text)]
+
+
 def split_top_level(text: str) -> list[str]:
     """Split on commas outside quotes and parentheses."""
-    parts, current = [], []
-    pos = 0
-    for m in _TOP_LEVEL_COMMA.finditer(text):
-        if m.group(1) is None:
-            current.append(text[pos : m.start()])
-            parts.append("".join(current))
-            current = []
-            pos = m.end()
-    current.append(text[pos:])
-    parts.append("".join(current))
+    parts, pos = [], 0
+    for kind, start, end in _scan(text):
+        if kind == "comma":
+            parts.append(text[pos:start])
+            pos = end
+    parts.append(text[pos:])
     return [p.strip() for p in parts if p.strip()]
 
 
-def _unquote(name: str) -> str:
+def unquote(name: str) -> str:
+    """A name as written (bare or in backticks) -> the name."""
     name = name.strip()
     return name[1:-1].replace("``", "`") if name.startswith("`") else name
 
@@ -71,8 +111,17 @@ def _unquote(name: str) -> str:
 def _split_name(qname: str, default_db: str) -> tuple[str, str]:
     parts = re.findall(_NAME, qname)
     if len(parts) == 2:
-        return _unquote(parts[0]), _unquote(parts[1])
-    return default_db, _unquote(parts[0])
+        return unquote(parts[0]), unquote(parts[1])
+    return default_db, unquote(parts[0])
+
+
+def rename_target(spec: str, default_db: str) -> tuple[str, str] | None:
+    """The new name an ALTER TABLE `RENAME [TO|AS] x` spec gives, else None (RENAME COLUMN/INDEX too)."""
+    m = _ALTER_RENAME.match(spec)
+    if m is None or _ALTER_RENAME_COLUMN.match(spec):
+        return None
+    # An unqualified new name resolves against the session's database.
+    return _split_name(m.group(1), default_db)
 
 
 def _name_list(text: str) -> list[str]:
@@ -99,11 +148,8 @@ def parse(sql: str, default_db: str) -> Statement:
         m = pattern.match(text)
         if m:
             tables = [_split_name(m.group(1), default_db)]
+            rest = text[m.end():]
             if kind == "alter":
-                for item in split_top_level(text[m.end():]):
-                    r = _ALTER_RENAME.match(item)
-                    if r and not _ALTER_RENAME_COLUMN.match(item):
-                        # An unqualified new name resolves against the session's database.
-                        tables.append(_split_name(r.group(1), default_db))
-            return Statement(kind, tuple(tables))
+                tables.extend(t for item in split_top_level(rest) if (t := rename_target(item, default_db)))
+            return Statement(kind, tuple(tables), rest if kind in ("create", "alter") else "")
     return Statement("other", ())

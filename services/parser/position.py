@@ -20,10 +20,10 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from services.parser.transactions import Outgoing, Resume, SkipMark
-from shared import envelope
+from shared import cas, envelope, keys
 from shared.actor import Latest, raise_if_cancelled
 from shared.errors import NatsUnavailable, StreamMismatch
-from shared.jetstream import header, last_msg, nats_errors
+from shared.jetstream import TRANSIENT, header, last_msg
 from shared.metrics import Registry
 from shared.subjects import Names
 
@@ -38,7 +38,7 @@ class Tail:
 
 
 async def read_tail(js: JetStreamContext, names: Names, source: str) -> Tail | None:
-    msg = await last_msg(js, names.raw_stream, f"{names.prefix}.raw.>")
+    msg = await last_msg(js, names.raw_stream, names.raw_all)
     if msg is None or msg.data is None:
         return None
     try:
@@ -61,8 +61,26 @@ async def read_tail(js: JetStreamContext, names: Names, source: str) -> Tail | N
     return Tail(resume, skip, mid)
 
 
-def cursor_key(source: str) -> str:
-    return f"parser.{source}"
+async def saved_position(kv: KeyValue, source: str) -> Resume | None:
+    """The last transaction boundary the reporter saved (None when it never wrote one).
+
+    What a parser resumes from when BINLAKE_RAW is empty although it published before
+    (retention or a purge removed the messages, or the stream was recreated): starting at
+    the source's current position instead would silently skip everything in between.
+    """
+    try:
+        entry = await kv.get(keys.parser_cursor(source))
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    except TRANSIENT as exc:
+        raise NatsUnavailable(f"parser cursor: {exc!r}") from exc
+    try:
+        saved = json.loads(entry.value or b"{}")
+        return Resume(str(saved["file"]), int(saved["offset"]), saved.get("gtid") or None)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StreamMismatch(
+            f"the saved parser position {keys.parser_cursor(source)!r} is unreadable ({exc!r}); only the parser "
+            "writes it: delete the key to start at BINLAKE_START, or restore it") from None
 
 
 class PositionReporter:
@@ -71,7 +89,7 @@ class PositionReporter:
     def __init__(self, kv: KeyValue, source: str, progress: Latest[Outgoing], registry: Registry,
                  interval_s: float = 1.0) -> None:
         self._kv = kv
-        self._key = cursor_key(source)
+        self._key = keys.parser_cursor(source)
         self._source = source
         self._progress = progress
         self._interval = interval_s
@@ -107,20 +125,9 @@ class PositionReporter:
         value = json.dumps({"source": self._source, "file": r.file, "offset": r.offset, "gtid": r.gtid,
                             "scn": scn, "ts": msg.ts, "lag_ms": max(0, now_ms - msg.ts),
                             "updated_ms": now_ms}).encode()
-        with nats_errors("cursor write"):
-            for _ in range(3):
-                try:
-                    if self._revision is None:
-                        self._revision = await self._kv.create(self._key, value)
-                    else:
-                        self._revision = await self._kv.update(self._key, value, last=self._revision)
-                    self._scn.set(scn)
-                    self._reported.inc()
-                    return
-                except nats.js.errors.KeyWrongLastSequenceError:
-                    entry = await self._kv.get(self._key)
-                    stored = json.loads(entry.value or b"{}")
-                    if int(stored.get("scn", 0)) > scn:
-                        return  # someone wrote a newer position; never move it back
-                    self._revision = entry.revision
-        raise NatsUnavailable(f"cursor {self._key} kept changing under concurrent writers")
+        written = await cas.write_forward(self._kv, self._key, value, self._revision,
+                                          lambda stored: int(json.loads(stored or b"{}").get("scn", 0)) > scn)
+        self._revision = written.revision
+        if written.stored:
+            self._scn.set(scn)
+            self._reported.inc()

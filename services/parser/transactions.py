@@ -9,10 +9,11 @@ batches a restart replays that the stream already holds (Debezium's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.parser import ddl
+from services.parser import alter, ddl
 from services.parser.columns import TableSchema
 from shared import envelope
 from shared.errors import DecodeError, OversizeEvent, SourceMisconfigured
@@ -33,7 +34,7 @@ class Resume:
         return {"file": self.file, "offset": self.offset, "gtid": self.gtid}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Resume:
+    def from_dict(cls, d: Mapping[str, Any]) -> Resume:
         return cls(file=d["file"], offset=int(d["offset"]), gtid=d.get("gtid"))
 
 
@@ -127,6 +128,7 @@ class Assembler:
         return out
 
     def query(self, sql: str, db: str, file: str, start: int, end: int, ts: int) -> list[Outgoing]:
+        """A QUERY event; `sql` is already redacted (`redact.redact`), it is published as given."""
         stmt = ddl.parse(sql, db)
         if stmt.kind == "txn":
             words = ddl.strip_comments(sql).upper().split()
@@ -156,9 +158,11 @@ class Assembler:
         named = list(dict.fromkeys(stmt.tables))
         # DDL of binlake's own tables (the watermarks) is not published; DDL naming no table is.
         targets = [t for t in named if t not in self.ignore] if named else [(db, "")]
+        change = alter.describe(sql, db, mariadb=self.mariadb)
         for idx, (tdb, table) in enumerate(targets):
             env = self._env("ddl", tdb, table or None, file, start, scn, ts, idx)
             env["ddl"] = sql
+            env["alter"] = change
             self._push(env, None, None)
         assert self._txn is not None
         return self.commit(file, end) if self._txn.ddl_ends else self._drain_before_last()

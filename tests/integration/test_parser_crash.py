@@ -5,44 +5,18 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections import Counter
 
 import pytest
 
 from tests.integration.conftest import ParserFactory
+from tests.integration.exactly_once import assert_exactly_once
 from tests.integration.support import (
-    StoredMsg,
-    assert_table_order,
     count_rows,
     read_stream_sync,
-    replay,
-    row_changes,
     wait_until,
 )
-from tests.integration.workload import TABLES, Workload
+from tests.integration.workload import Workload
 from tests.servers import MariaDB
-
-# Columns compared by value after the replay (envelope value == str/int of the source value).
-COMPARED = {"accounts": ("owner", "balance"), "events": ("kind", "body"), "tags": ("n",)}
-
-
-def assert_exactly_once(msgs: list[StoredMsg], workload: Workload) -> None:
-    db = workload.db
-    changes = row_changes(msgs, db)
-    ids = Counter(m.headers["Nats-Msg-Id"] for m in msgs)
-    assert [i for i, n in ids.items() if n > 1] == [], "duplicate message ids"
-    batches = Counter((m.env["txn"]["id"], m.env["txn"]["i"]) for m in changes)
-    assert [b for b, n in batches.items() if n > 1] == [], "a transaction batch was published twice"
-    assert count_rows(msgs, db) == workload.changes, "row changes lost or duplicated"
-    assert_table_order(msgs)
-    for table in TABLES:
-        lake = replay(msgs, db, table)
-        source = workload.snapshot(table)
-        assert lake.keys() == source.keys(), f"{table}: keys differ"
-        for key, row in source.items():
-            for col in COMPARED[table]:
-                expected = row[col] if isinstance(row[col], int) else str(row[col])
-                assert lake[key][col] == expected, f"{table}[{key}].{col}"
 
 
 def _run_workload(workload: Workload) -> threading.Thread:
@@ -53,8 +27,8 @@ def _run_workload(workload: Workload) -> threading.Thread:
 
 
 @pytest.mark.timeout(300)
-def test_kill_9_at_random_moments_loses_and_duplicates_nothing(mariadb, database, parser_factory: ParserFactory,
-                                                              nats_url):
+def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
     workload = Workload(mariadb, database, target=20_000)
     parser = parser_factory(BINLAKE_INSTANCE="crash-test")
     thread = _run_workload(workload)
@@ -74,7 +48,8 @@ def test_kill_9_at_random_moments_loses_and_duplicates_nothing(mariadb, database
 
 
 @pytest.mark.timeout(180)
-def test_standby_takes_over_when_the_active_parser_dies(mariadb, database, parser_factory: ParserFactory, nats_url):
+def test_standby_takes_over_when_the_active_parser_dies(
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
     workload = Workload(mariadb, database, target=6_000, seed=3)
     active = parser_factory(BINLAKE_INSTANCE="a")
     standby = parser_factory(wait_ready=False, log_name="standby.log", BINLAKE_INSTANCE="b")

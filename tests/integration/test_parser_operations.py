@@ -4,14 +4,16 @@ heartbeats, NATS and MariaDB going away, and DDL routing."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import os
 import random
+import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -21,22 +23,23 @@ import nats.js.errors
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 
-from services.parser.position import PositionReporter, cursor_key
+from services.parser.position import PositionReporter
 from services.parser.transactions import Outgoing, Resume
-from shared import envelope
+from shared import envelope, keys
 from shared.actor import Latest
 from shared.lease import Lease
 from shared.metrics import Registry
 from shared.subjects import DDL_TABLE, HEARTBEAT_TABLE, INTERNAL_TOKEN, Names, partition
 from tests.integration.conftest import ParserFactory
+from tests.integration.exactly_once import assert_exactly_once, assert_source_equals_stream
 from tests.integration.support import (
     ServiceProcess,
     StoredMsg,
     count_rows,
-    replay,
+    http_get,
+    parse_metrics,
     wait_until,
 )
-from tests.integration.test_parser_crash import COMPARED, assert_exactly_once
 from tests.integration.workload import TABLES, Workload
 from tests.servers import MariaDB, NatsServer, free_port
 
@@ -86,7 +89,7 @@ async def _read_all(nats_url: str, subject: str = ">", timeout: float = 90) -> l
                     return []
                 last = info.state.last_seq
             else:
-                last = (await js.get_last_msg(RAW, subject)).seq
+                last = int((await js.get_last_msg(RAW, subject)).seq or 0)
         except nats.js.errors.NotFoundError:
             return []
         sub = await js.pull_subscribe(subject, stream=RAW, config=ConsumerConfig(
@@ -142,7 +145,7 @@ async def _last_msg(nats_url: str, subject: str) -> tuple[str, dict[str, Any]] |
             msg = await js.get_last_msg(RAW, subject)
         except nats.js.errors.NotFoundError:
             return None
-        return msg.subject, msgpack.unpackb(msg.data, raw=False, strict_map_key=False)
+        return str(msg.subject), dict(msgpack.unpackb(msg.data, raw=False, strict_map_key=False))
     finally:
         await nc.close()
 
@@ -158,7 +161,7 @@ async def _cursor(nats_url: str) -> list[dict[str, Any]]:
         js = nc.jetstream()
         try:
             kv = await js.key_value(NAMES.cursors_bucket)
-            entries = await kv.history(cursor_key(SOURCE))
+            entries = await kv.history(keys.parser_cursor(SOURCE))
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NoKeysError, nats.js.errors.KeyNotFoundError):
             return []
         return [json.loads(e.value) for e in entries if e.value]
@@ -175,7 +178,7 @@ async def _cursor_revision(nats_url: str) -> int:
     try:
         try:
             kv = await nc.jetstream().key_value(NAMES.cursors_bucket)
-            return int((await kv.get(cursor_key(SOURCE))).revision or 0)
+            return int((await kv.get(keys.parser_cursor(SOURCE))).revision or 0)
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError):
             return 0
     finally:
@@ -191,23 +194,6 @@ def master_status(server: MariaDB) -> tuple[str, int, str]:
     file, pos = server.query("SHOW MASTER STATUS")[0][:2]
     gtid = server.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
     return str(file), int(pos), str(gtid)
-
-
-def http_get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 def assert_no_duplicates(msgs: list[StoredMsg]) -> None:
@@ -284,8 +270,8 @@ def _big_transaction(server: MariaDB, db: str, table: str) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_restart_inside_a_transaction_skips_what_is_stored(mariadb, database, parser_factory: ParserFactory,
-                                                           nats_url):
+def test_restart_inside_a_transaction_skips_what_is_stored(
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
     # One publish in flight at a time: the 3000 batches of the transaction take long enough to
     # be stored for the kill to land inside the transaction even on a loaded machine.
     env = {"BINLAKE_INSTANCE": "skip-test", "BINLAKE_PUBLISH_WINDOW": "1"}
@@ -295,7 +281,7 @@ def test_restart_inside_a_transaction_skips_what_is_stored(mariadb, database, pa
         table = f"big{attempt}"
         subject = NAMES.raw_stored(SOURCE, database, table, PARTITIONS)
         mariadb.execute(f"CREATE TABLE `{database}`.`{table}` (id INT PRIMARY KEY, v VARCHAR(20))")
-        wait_until(lambda s=subject: last_msg_sync(nats_url, s), 30, f"the CREATE TABLE on {subject}")
+        wait_until(functools.partial(last_msg_sync, nats_url, subject), 30, f"the CREATE TABLE on {subject}")
         _big_transaction(mariadb, database, table)
         asyncio.run(_kill_once_started(nats_url, subject, 1, parser, 60))
         assert not parser.running
@@ -304,8 +290,10 @@ def test_restart_inside_a_transaction_skips_what_is_stored(mariadb, database, pa
         assert tail is not None
         stored = [m for m in read_all(nats_url, subject=subject) if m.env["op"] == "i"]
         parser = start_parser(parser_factory, nats_url, log_name=f"parser{attempt + 1}.log", **env)
-        wait_until(lambda s=subject: count_rows(read_all(nats_url, subject=s), database) >= BIG_TXN, 120,
-                   f"all {BIG_TXN} rows of {table}")
+        def all_rows(s: str = subject) -> bool:
+            return count_rows(read_all(nats_url, subject=s), database) >= BIG_TXN
+
+        wait_until(all_rows, 120, f"all {BIG_TXN} rows of {table}")
         tail_subject, tail_env = tail
         if tail_env["op"] == "i" and not tail_env["txn"]["last"]:
             assert tail_subject == subject
@@ -337,7 +325,8 @@ def test_restart_inside_a_transaction_skips_what_is_stored(mariadb, database, pa
 
 # ----------------------------------------------------------------------------- 2. partition transform
 
-def test_stored_subjects_match_our_partition_function(mariadb, database, parser_factory: ParserFactory, nats_url):
+def test_stored_subjects_match_our_partition_function(
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
     other = f"dé-1-{uuid.uuid4().hex[:6]}"
     tables = [(database, "plain"), (database, "a.b c"), (database, "with space"), (database, "tä€ble"),
               (database, "日本"), (database, "$binlake"), (other, "a.b c"), (other, "x*y>z"), (other, "per%cent")]
@@ -350,7 +339,8 @@ def test_stored_subjects_match_our_partition_function(mariadb, database, parser_
                             f"INSERT INTO {t} VALUES (1, 'a'), (2, 'b')",
                             f"UPDATE {t} SET v = 'c' WHERE id = 1",
                             f"DELETE FROM {t} WHERE id = 2")
-        expected = {(db, table, op) for db, table in tables for op in ("ddl", "i", "u", "d")}
+        expected: set[tuple[str, str | None, str]] = {(db, table, op) for db, table in tables
+                                                       for op in ("ddl", "i", "u", "d")}
         expected.add((other, None, "ddl"))  # CREATE DATABASE names no table
 
         def ours() -> list[StoredMsg]:
@@ -376,7 +366,7 @@ def test_stored_subjects_match_our_partition_function(mariadb, database, parser_
 
 # ----------------------------------------------------------------------------- 3. /metrics and /healthz
 
-def test_metrics_and_healthz(mariadb, database, parser_factory: ParserFactory, nats_url):
+def test_metrics_and_healthz(mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
     port = free_port()
     start_parser(parser_factory, nats_url, BINLAKE_METRICS_PORT=str(port), BINLAKE_HEARTBEAT_S="30")
     base = f"http://127.0.0.1:{port}"
@@ -406,7 +396,8 @@ def test_metrics_and_healthz(mariadb, database, parser_factory: ParserFactory, n
     assert http_get(f"{base}/healthz") == (200, "ok\n")
 
 
-def test_messages_total_counts_every_acked_message(mariadb, database, parser_factory: ParserFactory, nats_url):
+def test_messages_total_counts_every_acked_message(
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
     port = free_port()
     start_parser(parser_factory, nats_url, BINLAKE_METRICS_PORT=str(port), BINLAKE_HEARTBEAT_S="30")
     t = f"`{database}`.m"
@@ -433,7 +424,8 @@ def test_messages_total_counts_every_acked_message(mariadb, database, parser_fac
 
 def _last_boundary(nats_url: str) -> dict[str, Any]:
     msgs = read_all(nats_url)
-    return [m for m in msgs if m.env["txn"]["last"]][-1].env["resume"]
+    resume: dict[str, Any] = [m for m in msgs if m.env["txn"]["last"]][-1].env["resume"]
+    return resume
 
 
 def _cursor_matches_stream(nats_url: str) -> dict[str, Any] | None:
@@ -451,8 +443,8 @@ def _assert_monotonic(history: list[dict[str, Any]]) -> None:
     assert scns == sorted(scns), f"the cursor moved backwards: {scns}"
 
 
-def test_cursor_bucket_mirrors_the_last_published_transaction(mariadb, database, parser_factory: ParserFactory,
-                                                              nats_url):
+def test_cursor_bucket_mirrors_the_last_published_transaction(
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
     env = {"BINLAKE_INSTANCE": "cursor-test", "BINLAKE_HEARTBEAT_S": "30"}
     parser = start_parser(parser_factory, nats_url, **env)
     t = f"`{database}`.c"
@@ -485,9 +477,41 @@ def test_cursor_bucket_mirrors_the_last_published_transaction(mariadb, database,
     assert parser.running
 
 
+async def _purge_raw(nats_url: str) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        await nc.jetstream().purge_stream(Names().raw_stream)
+    finally:
+        await nc.close()
+
+
+def test_an_emptied_raw_stream_resumes_from_the_saved_position(
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
+    """RAW purged (retention, an operator) while the parser is down: what was written meanwhile is not lost."""
+    env = {"BINLAKE_INSTANCE": "purge-test", "BINLAKE_HEARTBEAT_S": "30"}
+    parser = start_parser(parser_factory, nats_url, **env)
+    t = f"`{database}`.p"
+    mariadb.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY, v INT)",
+                    *(f"INSERT INTO {t} VALUES ({i}, {i})" for i in range(20)))
+    wait_until(lambda: count_rows(read_all(nats_url), database) >= 20, 30, "the first changes")
+    wait_until(lambda: _cursor_matches_stream(nats_url), 30, "the cursor to reach the last transaction")
+    parser.stop()
+    asyncio.run(_purge_raw(nats_url))
+    mariadb.execute(*(f"INSERT INTO {t} VALUES ({i}, {i})" for i in range(20, 35)), f"DELETE FROM {t} WHERE id < 5")
+
+    parser = start_parser(parser_factory, nats_url, log_name="parser2.log", **env)  # BINLAKE_START=current
+    wait_until(lambda: count_rows(read_all(nats_url), database) >= 20, 30, "the changes made while it was down")
+    msgs = [m for m in read_all(nats_url) if m.env.get("db") == database]
+    assert sorted(r["after"]["id"] for m in msgs if m.env["op"] == "i" for r in m.env["rows"]) == list(range(20, 35))
+    assert sorted(r["before"]["id"] for m in msgs if m.env["op"] == "d" for r in m.env["rows"]) == list(range(5))
+    start = log_events(parser, "pipeline.start")[0]
+    assert start["origin"] == "saved position" and start["fresh"] is True
+
+
 # ----------------------------------------------------------------------------- 5. heartbeats
 
-def test_idle_source_heartbeats_at_the_last_boundary(mariadb, database, parser_factory: ParserFactory, nats_url):
+def test_idle_source_heartbeats_at_the_last_boundary(
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
     start_parser(parser_factory, nats_url, BINLAKE_HEARTBEAT_S="1")
     mariadb.execute(f"CREATE TABLE `{database}`.h (id INT PRIMARY KEY)", f"INSERT INTO `{database}`.h VALUES (1)")
     wait_until(lambda: count_rows(read_all(nats_url), database) >= 1, 30, "the insert")
@@ -526,8 +550,9 @@ def _start_workload(workload: Workload) -> threading.Thread:
 
 
 @pytest.mark.timeout(300)
-def test_nats_restart_mid_stream(mariadb, database, parser_factory: ParserFactory, nats_server: NatsServer,
-                                 nats_url):
+def test_nats_restart_mid_stream(
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_server: NatsServer,
+        nats_url: str) -> None:
     parser = start_parser(parser_factory, nats_url, BINLAKE_INSTANCE="nats-restart")
     workload = Workload(mariadb, database, target=8000, seed=5)
     thread = _start_workload(workload)
@@ -539,7 +564,7 @@ def test_nats_restart_mid_stream(mariadb, database, parser_factory: ParserFactor
     assert workload.error is None, workload.error
     wait_until(lambda: count_rows(read_all(nats_url), database) >= workload.changes or not parser.running,
                120, f"{workload.changes} row changes in BINLAKE_RAW")
-    assert parser.running, f"the parser exited with {parser.proc.returncode}:\n{parser.output[-3000:]}"
+    assert parser.running, f"the parser exited with {parser.returncode}:\n{parser.output[-3000:]}"
     msgs = read_all(nats_url)
     assert_exactly_once(msgs, workload)
     assert_transactions_complete(msgs)
@@ -549,8 +574,8 @@ def test_nats_restart_mid_stream(mariadb, database, parser_factory: ParserFactor
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_during_a_publish_burst_stops_the_parser(mariadb, database, parser_factory: ParserFactory,
-                                                         nats_url):
+def test_sigterm_during_a_publish_burst_stops_the_parser(mariadb: MariaDB, database: str, parser_factory: ParserFactory,
+                                                         nats_url: str) -> None:
     t = f"`{database}`.burst"
     mariadb.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY)")
     batch = 5000
@@ -566,8 +591,14 @@ def test_sigterm_during_a_publish_burst_stops_the_parser(mariadb, database, pars
         mariadb.execute(f"BEGIN NOT ATOMIC DECLARE i INT DEFAULT {attempt * batch}; "
                         f"WHILE i < {(attempt + 1) * batch} DO INSERT INTO {t} VALUES (i); SET i = i + 1; END WHILE; "
                         "END")
-        wait_until(lambda n=before: asyncio.run(_stored_count(nats_url)) > n + 500, 60, "the burst to be published")
-        wait_until(lambda n=reported: cursor_revision(nats_url) > n, 30, "this run's cursor write")
+        def burst(n: int = before) -> bool:
+            return asyncio.run(_stored_count(nats_url)) > n + 500
+
+        def written(n: int = reported) -> bool:
+            return cursor_revision(nats_url) > n
+
+        wait_until(burst, 60, "the burst to be published")
+        wait_until(written, 30, "this run's cursor write")
         code = parser.stop(timeout=20)
         assert code == 0, f"attempt {attempt + 1}: SIGTERM did not stop the parser (exit {code}):\n" \
             f"{parser.output[-3000:]}"
@@ -647,8 +678,8 @@ async def _set_stream_subjects(nats_url: str, stream: str, subjects: list[str]) 
         await nc.close()
 
 
-def test_kv_write_without_responders_keeps_the_parser_running(mariadb, database, parser_factory: ParserFactory,
-                                                              nats_url):
+def test_kv_write_without_responders_keeps_the_parser_running(
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
     parser = start_parser(parser_factory, nats_url, BINLAKE_HEARTBEAT_S="30")
     t = f"`{database}`.k"
     mariadb.execute(f"CREATE TABLE {t} (id INT PRIMARY KEY)", f"INSERT INTO {t} VALUES (1)")
@@ -665,13 +696,13 @@ def test_kv_write_without_responders_keeps_the_parser_running(mariadb, database,
         asyncio.run(_set_stream_subjects(nats_url, stream, bucket_subjects))
     mariadb.execute(f"INSERT INTO {t} VALUES (3)")
     wait_until(lambda: count_rows(read_all(nats_url), database) >= 3 or not parser.running, 30, "the third insert")
-    assert parser.running, f"the parser exited with {parser.proc.returncode}:\n{parser.output[-3000:]}"
+    assert parser.running, f"the parser exited with {parser.returncode}:\n{parser.output[-3000:]}"
     wait_until(lambda: _cursor_matches_stream(nats_url), 30, "the cursor to catch up")
 
 
 @pytest.mark.timeout(300)
 def test_nats_outage_longer_than_a_request_timeout_keeps_the_parser_running(
-        mariadb, database, parser_factory: ParserFactory, nats_server: NatsServer, nats_url):
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_server: NatsServer, nats_url: str) -> None:
     # A lease TTL longer than the outage keeps the lease out of the picture (see the next test);
     # with a report every 3 s and changes acked right up to the outage, the reporter writes the
     # cursor within 3 s of NATS going away, and that write times out 5 s later.
@@ -679,8 +710,12 @@ def test_nats_outage_longer_than_a_request_timeout_keeps_the_parser_running(
     workload = Workload(mariadb, database, target=30_000, seed=8)
     thread = _start_workload(workload)
     wait_until(lambda: count_rows(read_all(nats_url), database) > 1000, 60, "the first changes")
-    wait_until(lambda: (n := asyncio.run(_stored_count(nats_url))) and time.sleep(0.3) is None
-               and asyncio.run(_stored_count(nats_url)) > n, 60, "the parser to be publishing")
+    def publishing() -> bool:
+        n = asyncio.run(_stored_count(nats_url))
+        time.sleep(0.3)
+        return asyncio.run(_stored_count(nats_url)) > n
+
+    wait_until(publishing, 60, "the parser to be publishing")
     nats_server.stop()
     time.sleep(10)
     nats_server.start()
@@ -689,7 +724,7 @@ def test_nats_outage_longer_than_a_request_timeout_keeps_the_parser_running(
     wait_until(lambda: count_rows(read_all(nats_url), database) >= workload.changes or not parser.running,
                120, f"{workload.changes} row changes in BINLAKE_RAW")
     try:
-        assert parser.running, f"the parser exited with {parser.proc.returncode}:\n{parser.output[-3000:]}"
+        assert parser.running, f"the parser exited with {parser.returncode}:\n{parser.output[-3000:]}"
         assert_exactly_once(read_all(nats_url), workload)
         assert log_events(parser, "position.report_failed"), "the outage was meant to fail a cursor write"
         wait_until(lambda: _cursor_matches_stream(nats_url), 30, "the cursor to catch up after the outage")
@@ -715,8 +750,8 @@ def lease_holder(nats_url: str) -> str | None:
 
 
 @pytest.mark.timeout(300)
-def test_lease_lost_during_a_nats_outage_is_taken_again(mariadb, database, parser_factory: ParserFactory,
-                                                        nats_server: NatsServer, nats_url):
+def test_lease_lost_during_a_nats_outage_is_taken_again(mariadb: MariaDB, database: str, parser_factory: ParserFactory,
+                                                        nats_server: NatsServer, nats_url: str) -> None:
     backlog = 10_000
     # One publish in flight: with a backlog the pipeline always waits in publish_async for its
     # window slot, and stays there while NATS is away.
@@ -789,19 +824,8 @@ class TolerantWorkload(Workload):
             self.done.set()
 
 
-def assert_source_equals_stream(msgs: list[StoredMsg], workload: Workload) -> None:
-    for table in TABLES:
-        lake = replay(msgs, workload.db, table)
-        source = workload.snapshot(table)
-        assert lake.keys() == source.keys(), f"{table}: keys differ"
-        for key, row in source.items():
-            for col in COMPARED[table]:
-                expected = row[col] if isinstance(row[col], int) else str(row[col])
-                assert lake[key][col] == expected, f"{table}[{key}].{col}"
-
-
-@pytest.mark.timeout(300)
-def test_mariadb_crash_mid_stream(mariadb_factory, parser_factory: ParserFactory, nats_url):
+def test_mariadb_crash_mid_stream(
+        mariadb_factory: Callable[..., MariaDB], parser_factory: ParserFactory, nats_url: str) -> None:
     server: MariaDB = mariadb_factory()
     server.execute("CREATE DATABASE a CHARACTER SET utf8mb4", "CREATE DATABASE b CHARACTER SET utf8mb4")
     parser = start_parser(parser_factory, nats_url, BINLAKE_SOURCE_URL=server.dsn())
@@ -820,7 +844,7 @@ def test_mariadb_crash_mid_stream(mariadb_factory, parser_factory: ParserFactory
     assert second.error is None, second.error
     wait_until(lambda: count_rows(read_all(nats_url), "b") >= second.changes or not parser.running, 120,
                f"{second.changes} row changes of the second workload")
-    assert parser.running, f"the parser exited with {parser.proc.returncode}:\n{parser.output[-4000:]}"
+    assert parser.running, f"the parser exited with {parser.returncode}:\n{parser.output[-4000:]}"
     msgs = read_all(nats_url)
     assert_exactly_once(msgs, second)
     assert_no_duplicates(msgs)
@@ -835,7 +859,8 @@ def test_mariadb_crash_mid_stream(mariadb_factory, parser_factory: ParserFactory
 
 # ----------------------------------------------------------------------------- 8. DDL routing
 
-def test_ddl_without_a_table_and_multi_table_drop(mariadb, database, parser_factory: ParserFactory, nats_url):
+def test_ddl_without_a_table_and_multi_table_drop(
+        mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
     extra = f"x_{uuid.uuid4().hex[:8]}"
     user = f"u{uuid.uuid4().hex[:8]}"
     start_parser(parser_factory, nats_url)
@@ -858,7 +883,7 @@ def test_ddl_without_a_table_and_multi_table_drop(mariadb, database, parser_fact
     assert tableless.endswith(".$binlake.ddl")
 
     def only(text: str) -> StoredMsg:
-        found = [m for m in msgs if text in m.env["ddl"]]
+        found: list[StoredMsg] = [m for m in msgs if text in m.env["ddl"]]
         assert len(found) == 1, (text, found)
         return found[0]
 
@@ -877,3 +902,42 @@ def test_ddl_without_a_table_and_multi_table_drop(mariadb, database, parser_fact
     assert len({m.headers["Nats-Msg-Id"] for m in drops}) == 3
     creates = {m.env["table"]: m.subject for m in msgs if m.env["ddl"].startswith("CREATE TABLE")}
     assert creates == {t: NAMES.raw_stored(SOURCE, database, t, PARTITIONS) for t in ("a", "b", "c.d")}
+
+
+@pytest.mark.timeout(300)
+def test_a_hung_source_turns_unhealthy_and_the_standby_takes_over(
+        mariadb_factory: Callable[..., MariaDB], parser_factory: ParserFactory, nats_url: str) -> None:
+    """The source SIGSTOPped: /healthz says 503 with the reason, the active parser gives its lease up;
+    SIGCONT: the standby reads on, nothing lost or doubled."""
+    server: MariaDB = mariadb_factory()
+    server.execute("CREATE DATABASE h CHARACTER SET utf8mb4", "CREATE TABLE h.t (id INT PRIMARY KEY, v INT)")
+    port = free_port()
+    env = {"BINLAKE_SOURCE_URL": server.dsn(), "BINLAKE_HEARTBEAT_S": "1", "BINLAKE_SOURCE_STALL_S": "6"}
+    active = start_parser(parser_factory, nats_url, BINLAKE_INSTANCE="active", BINLAKE_METRICS_PORT=str(port), **env)
+    standby = parser_factory(wait_ready=False, log_name="standby.log", BINLAKE_INSTANCE="standby", **env)
+    server.execute(*(f"INSERT INTO h.t VALUES ({i}, {i})" for i in range(10)))
+    wait_until(lambda: count_rows(read_all(nats_url), "h") >= 10, 30, "the first changes")
+    assert http_get(f"http://127.0.0.1:{port}/healthz") == (200, "ok\n")
+
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        stopped = time.monotonic()
+        def unhealthy() -> str | None:
+            status, body = http_get(f"http://127.0.0.1:{port}/healthz")
+            return body if status == 503 else None
+
+        body = wait_until(unhealthy, 30, "/healthz to report the hung source")
+        assert "no binlog event or heartbeat from the source" in body
+        assert time.monotonic() - stopped < 6 + 10
+        wait_until(lambda: not active.running, 30, "the active parser to give up")
+        assert log_events(active, "source.stalled")
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    wait_until(lambda: log_events(standby, "lease.acquired"), 30, "the standby to take the lease")
+    server.execute(*(f"INSERT INTO h.t VALUES ({i}, {i})" for i in range(10, 30)), "UPDATE h.t SET v = v + 1")
+    wait_until(lambda: count_rows(read_all(nats_url), "h") >= 60, 60, "the changes after the source came back")
+    msgs = read_all(nats_url)
+    assert count_rows(msgs, "h") == 60
+    assert_no_duplicates(msgs)
+    assert standby.running

@@ -6,6 +6,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tests.servers import MariaDB
 
@@ -53,7 +54,7 @@ class Workload:
             conn.close()
             self.done.set()
 
-    def _statement(self, cur, rnd: random.Random, table: str, next_id: dict[str, int]) -> int:
+    def _statement(self, cur: Any, rnd: random.Random, table: str, next_id: dict[str, int]) -> int:
         kind = rnd.choices(["insert", "update", "delete"], weights=[5, 3, 1])[0]
         lo = max(1, next_id[table] - 200)
         hi = lo + rnd.randint(0, 30)
@@ -85,7 +86,7 @@ class Workload:
             cur.execute(f"DELETE FROM {t} WHERE {key} BETWEEN %s AND %s", (lo, lo + rnd.randint(0, 5)))
         return int(cur.rowcount)
 
-    def snapshot(self, table: str) -> dict:
+    def snapshot(self, table: str) -> dict[Any, Any]:
         """The source table as the envelope would carry it, keyed by primary key."""
         conn = self.mariadb.connect()
         try:

@@ -14,6 +14,7 @@ from typing import Any
 
 from services.parser import values as v
 from services.parser.columns import Column, TableSchema, build_column
+from shared.mysql_types import BINARIES
 
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 
@@ -27,7 +28,7 @@ _CODES = {
 _LOBS = {"tiny": 1, "": 2, "medium": 3, "long": 4}
 _GEOMETRY = frozenset({"geometry", "point", "linestring", "polygon", "multipoint", "multilinestring",
                        "multipolygon", "geometrycollection", "geomcollection"})
-_BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
+_BINARY_TYPES = frozenset(BINARIES)
 # Key types whose SQL order the keyset condition `k > last` follows exactly.
 KEYSET_CODES = frozenset({v.TINY, v.SHORT, v.INT24, v.LONG, v.LONGLONG, v.NEWDECIMAL, v.DATE, v.DATETIME2,
                           v.TIMESTAMP2, v.TIME2, v.YEAR, v.STRING, v.VARCHAR, v.VAR_STRING})

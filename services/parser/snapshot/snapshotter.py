@@ -28,7 +28,6 @@ from asyncmy.cursors import SSCursor
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from services.parser.binlog import SourceDsn, map_mysql_error
 from services.parser.config import ParserConfig
 from services.parser.snapshot.catalog import (
     TableShape,
@@ -44,11 +43,13 @@ from services.parser.snapshot.values import row_decoder
 from services.parser.snapshot.watermarks import Watermarks, connect
 from services.parser.snapshot.windows import HIGH, LOW, Chunk, Outcome, Windows
 from services.parser.values import DecodeStats
+from shared import keys
 from shared import snapshots as snap
 from shared.actor import raise_if_cancelled
 from shared.errors import BinlakeError, FatalError, OversizeEvent, SnapshotConflict, SourceUnavailable
 from shared.jetstream import kv_entries, nats_errors
 from shared.metrics import Registry
+from shared.mysql import MysqlUrl, map_mysql_error
 from shared.subjects import Names
 
 MAX_RETRIES = 20  # windows read again in a row before a table fails
@@ -111,7 +112,7 @@ class Snapshotter:
         self.windows = windows
         self.acked = acked
         self.max_row_bytes = max_row_bytes
-        self.dsn = SourceDsn.parse(cfg.source_url)
+        self.dsn = MysqlUrl.parse(cfg.source_url)
         self.marks = Watermarks(cfg.watermark, cfg.source)
         self.limiter = RateLimiter(cfg.snapshot_max_rows_s)
         self.stats = DecodeStats()
@@ -160,7 +161,7 @@ class Snapshotter:
 
     async def _load(self) -> dict[str, tuple[snap.TableProgress, int]]:
         out = {}
-        for key, value, rev in await kv_entries(self.js, self.bucket, snap.tables_filter(self.cfg.source)):
+        for key, value, rev in await kv_entries(self.js, self.bucket, keys.snapshot_tables(self.cfg.source)):
             try:
                 out[key] = (snap.TableProgress.from_json(value), rev)
             except (ValueError, TypeError, KeyError) as exc:
@@ -196,7 +197,7 @@ class Snapshotter:
             conn.close()
 
     async def _accept_requests(self) -> None:
-        entries = await kv_entries(self.js, self.bucket, snap.requests_filter(self.cfg.source))
+        entries = await kv_entries(self.js, self.bucket, keys.snapshot_requests(self.cfg.source))
         fresh = []
         for key, value, rev in entries:
             try:
@@ -223,8 +224,8 @@ class Snapshotter:
             if not chosen:
                 answer = replace(req, state="failed", error=f"no table of the source matches {' '.join(req.patterns)}")
             else:
-                keys = [await self._start(db, t, req.id, current) for db, t in chosen]
-                answer = replace(req, state="accepted", tables=keys)
+                started = [await self._start(db, t, req.id, current) for db, t in chosen]
+                answer = replace(req, state="accepted", tables=started)
             await self._answer(key, answer, rev)
             self.log.info("snapshot.request", request=req.id, patterns=req.patterns, tables=len(chosen),
                           error=answer.error)
@@ -239,7 +240,7 @@ class Snapshotter:
 
     async def _start(self, db: str, table: str, run: str, current: dict[str, tuple[snap.TableProgress, int]]) -> str:
         """A progress entry for a (re-)requested table; a running snapshot is joined, not restarted."""
-        key = snap.table_key(self.cfg.source, db, table)
+        key = keys.snapshot_table(self.cfg.source, db, table)
         found = current.get(key)
         if found is None or found[0].finished:
             p = snap.TableProgress(db=db, table=table, run=run, requested_ms=now_ms())
@@ -251,7 +252,7 @@ class Snapshotter:
         tables = await self._tables()
         current = await self._load()
         for db, table in tables:
-            key = snap.table_key(self.cfg.source, db, table)
+            key = keys.snapshot_table(self.cfg.source, db, table)
             if key not in current and snap.matches([self.cfg.snapshot_tables], db, table):
                 await self._start(db, table, f"auto-{now_ms()}", current)
                 self.log.info("snapshot.discovered", table=f"{db}.{table}")

@@ -14,9 +14,9 @@ import asyncmy
 import asyncmy.converters
 import asyncmy.errors
 
-from services.parser.binlog import SourceDsn, map_mysql_error
 from services.parser.snapshot.catalog import quote
 from shared.errors import MissingPrivilege, SourceMisconfigured
+from shared.mysql import MysqlUrl, binlog_status_sql, map_mysql_error
 
 # Python -> SQL encoders only: without decoders every value arrives as the server's bytes.
 ENCODERS_ONLY = {k: f for k, f in asyncmy.converters.conversions.items() if not isinstance(k, int)}
@@ -31,15 +31,13 @@ _SESSION = (
 _NO_STATEMENT_LIMIT = ("SET SESSION max_statement_time = 0", "SET SESSION max_execution_time = 0")  # MariaDB, MySQL
 
 
-async def connect(dsn: SourceDsn) -> Any:
+async def connect(dsn: MysqlUrl) -> Any:
     """A connection whose SELECTs return the server's raw bytes (see snapshot.values)."""
     try:
-        conn = await asyncmy.connect(
-            host=dsn.host, port=dsn.port, user=dsn.user, password=dsn.password, connect_timeout=10,
-            autocommit=True, charset="utf8mb4", use_unicode=False, conv=ENCODERS_ONLY,
-        )
+        conn = await asyncmy.connect(**dsn.asyncmy_settings(), autocommit=True, charset="utf8mb4",
+                                     use_unicode=False, conv=ENCODERS_ONLY)
     except (asyncmy.errors.MySQLError, OSError) as exc:
-        raise map_mysql_error(exc, f"{dsn.host}:{dsn.port}") from exc
+        raise map_mysql_error(exc, dsn.address) from exc
     try:
         async with conn.cursor() as cur:
             for sql in _SESSION:
@@ -51,7 +49,7 @@ async def connect(dsn: SourceDsn) -> Any:
                     pass  # the other server's variable
     except (asyncmy.errors.MySQLError, OSError) as exc:
         conn.close()
-        raise map_mysql_error(exc, f"{dsn.host}:{dsn.port}") from exc
+        raise map_mysql_error(exc, dsn.address) from exc
     return conn
 
 
@@ -72,7 +70,7 @@ class Watermarks:
         db, table = self.table
         try:
             async with conn.cursor() as cur:
-                await cur.execute("SHOW MASTER STATUS")
+                await cur.execute(binlog_status_sql(conn.get_server_info()))
                 status = await cur.fetchone()
                 self._check_filters(status)
                 await cur.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "

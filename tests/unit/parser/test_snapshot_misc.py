@@ -216,7 +216,7 @@ def asm(**kw: object) -> Assembler:
 
 
 def env(msg: Outgoing) -> dict[str, object]:
-    return envelope.decode(msg.data)
+    return envelope.as_dict(envelope.decode(msg.data))
 
 
 def test_snapshot_rows_are_op_r_at_the_high_watermark_inside_its_transaction() -> None:

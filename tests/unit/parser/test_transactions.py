@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from services.parser import values as v
@@ -32,17 +34,17 @@ T = TableSchema(
 )
 
 
-def asm(**kw) -> Assembler:
+def asm(**kw: Any) -> Assembler:
     kw.setdefault("start", Resume(F, 4, "0-1-5"))
     return Assembler("src", Names(), **kw)
 
 
-def rows(*ids: int, note: str = "x") -> list[dict]:
+def rows(*ids: int, note: str = "x") -> list[dict[str, Any]]:
     return [{"after": {"id": i, "note": note}} for i in ids]
 
 
-def env(msg: Outgoing) -> dict:
-    return envelope.decode(msg.data)
+def env(msg: Outgoing) -> dict[str, Any]:
+    return envelope.as_dict(envelope.decode(msg.data))
 
 
 def mariadb_txn(a: Assembler, gtid: str, start: int, events: int, domain: int = 0) -> list[Outgoing]:
@@ -171,6 +173,9 @@ def test_standalone_ddl_is_published_on_its_table_subject():
     assert msg.resume == a.boundary == Resume(F, 260, "0-1-6")
     assert msg.msg_id == f"src:{envelope.scn(F, 140)}"
     assert msg.headers["Binlake-Op"] == "ddl" and msg.headers["Binlake-Rows"] == "0"
+    assert e["alter"] == {"kind": "alter", "columns": None, "pk": None, "renames": [],
+                          "ops": [{"op": "add", "column": {"name": "c", "type": "int", "nullable": True},
+                                   "default": None}]}
 
 
 def test_ddl_on_mysql_without_standalone_flag_ends_its_transaction():
@@ -199,6 +204,7 @@ def test_multi_table_ddl_gives_one_message_per_table(sql, tables):
     scn = envelope.scn(F, 140)
     assert [m.msg_id for m in msgs] == [f"src:{scn}"] + [f"src:{scn}:{k}" for k in range(1, len(tables))]
     assert [e["txn"]["i"] for e in envs] == list(range(len(tables)))
+    assert all(e["alter"] == envs[0]["alter"] and e["alter"]["kind"] == sql.split()[0].lower() for e in envs)
     assert [m.last for m in msgs] == [False] * (len(tables) - 1) + [True]
     assert msgs[-1].resume == Resume(F, 260, "0-1-6")
     assert all(m.resume == Resume(F, 100, "0-1-5") for m in msgs[:-1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import calendar
 import re
 import struct
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from shared.errors import DecodeError
 DIG2BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
 
 
-def decode(ctype: ColumnType, data: bytes, stats: DecodeStats | None = None):
+def decode(ctype: ColumnType, data: bytes, stats: DecodeStats | None = None) -> Any:
     """Decode `data` surrounded by junk bytes; checks the decoder consumes exactly `data`."""
     buf = b"\xaa" + data + b"\xbb\xcc"
     value, end = decoder_for(ctype, stats if stats is not None else DecodeStats())(buf, 1)
@@ -126,7 +127,7 @@ def test_integers(code, unsigned, size, value):
 
 
 def f32(x: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", x))[0]
+    return float(struct.unpack("<f", struct.pack("<f", x))[0])
 
 
 @pytest.mark.parametrize(
@@ -234,8 +235,9 @@ def test_date_zero_or_invalid_is_null_and_counted(ymd):
         ((2020, 1, 2, 3, 4, 5, 1), 6, "2020-01-02T03:04:05.000001"),
     ],
 )
-def test_datetime2(parts, fsp, expected):
-    assert decode(ColumnType(v.DATETIME2, fsp=fsp), datetime2_bin(*parts, fsp)) == expected
+def test_datetime2(parts: tuple[int, ...], fsp: int, expected: Any) -> None:
+    y, mo, d, h, mi, sec, micro = parts
+    assert decode(ColumnType(v.DATETIME2, fsp=fsp), datetime2_bin(y, mo, d, h, mi, sec, micro, fsp)) == expected
 
 
 @pytest.mark.parametrize("fsp", range(7))

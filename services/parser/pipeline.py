@@ -1,0 +1,136 @@
+"""Pipeline: one run of binlog -> BINLAKE_RAW (binlog thread, assembler, publisher, snapshots).
+
+The pipeline is restarted as a unit on transient errors: every run re-checks the source,
+re-reads the stream tail and opens a fresh binlog connection, so nothing from a failed run
+survives in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import structlog
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from services.parser.binlog import BinlogReader
+from services.parser.checks import inspect_source
+from services.parser.config import ParserConfig
+from services.parser.position import read_tail, saved_position
+from services.parser.publisher import Publisher
+from services.parser.snapshot.snapshotter import AckedScn, Snapshotter
+from services.parser.snapshot.windows import Windows
+from services.parser.source_watch import SourceWatch
+from services.parser.transactions import HEADER_ALLOWANCE, Assembler, Outgoing
+from shared import envelope, jetstream
+from shared.actor import Latest
+from shared.bridge import ThreadBridge
+from shared.errors import BinlogPurged, SourceUnavailable
+from shared.metrics import Registry
+from shared.mysql import MysqlUrl
+from shared.subjects import Names
+
+log = structlog.get_logger()
+
+
+class Pipeline:
+    """One run of binlog -> BINLAKE_RAW, from the stream tail until an error or cancellation."""
+
+    def __init__(self, cfg: ParserConfig, nc: NATS, js: JetStreamContext, progress: Latest[Outgoing],
+                 registry: Registry, cursors: KeyValue, watch: SourceWatch | None = None) -> None:
+        self.cfg = cfg
+        self.cursors = cursors
+        self.watch = watch
+        self.registry = registry
+        self.acked = AckedScn()
+        self.nc = nc
+        self.js = js
+        self.names = Names(cfg.prefix)
+        self.dsn = MysqlUrl.parse(cfg.source_url)
+        self.progress = progress
+        self.runs = registry.counter("parser_pipeline_starts_total", "Pipeline (re)starts")
+        self.published = registry.counter("parser_messages_total", "Messages acked by JetStream")
+        self.events = registry.counter("parser_binlog_events_total", "Binlog events read")
+        self.zero_dates = registry.counter("parser_zero_dates_total", "Zero or invalid dates decoded as null")
+        self.log = log.bind(actor="pipeline")
+
+    async def run(self) -> None:
+        self.runs.inc()
+        cfg = self.cfg
+        info = await inspect_source(self.dsn)
+        await jetstream.ensure_streams(self.js, self.names, cfg.partitions, cfg.replicas)
+        tail = await read_tail(self.js, self.names, cfg.source)
+        saved = None if tail else await saved_position(self.cursors, cfg.source)
+        start = tail.resume if tail else saved or (info.current if cfg.start == "current" else info.earliest)
+        origin = "stream" if tail else "saved position" if saved else f"BINLAKE_START={cfg.start}"
+        if not (info.mariadb and start.gtid) and start.file not in info.binlogs:
+            raise BinlogPurged(f"binlog {start.file} ({origin} {start.file}:{start.offset}) is no longer on the "
+                               f"source (oldest is {info.binlogs[0]}); the changes in between are lost to binlake: "
+                               "take a new snapshot and reset the parser")
+        asm = Assembler(cfg.source, self.names, start, max_payload=self.nc.max_payload,
+                        skip=tail.skip if tail else None, mariadb=info.mariadb, ignore=frozenset({cfg.watermark}))
+        publisher = Publisher(self.js, tail.last_id if tail else None, self._acked, ack_timeout_s=cfg.ack_timeout_s)
+        self.log.info("pipeline.start", origin=origin, resume_file=start.file, resume_offset=start.offset,
+                      resume_gtid=start.gtid, skip=tail.skip if tail else None, server=info.version,
+                      fresh=tail is None)
+        if tail is None:
+            # Persist the starting point before reading, so a crash cannot move it forward.
+            await publisher.publish(asm.heartbeat(int(time.time() * 1000)))
+            await publisher.flush()
+        self.acked = AckedScn()  # per run: after a failover the positions may start lower
+        bridge: ThreadBridge[Outgoing] = ThreadBridge(asyncio.get_running_loop(), max_items=20_000)
+        windows = Windows(cfg.source, cfg.watermark)
+        reader = BinlogReader(self.dsn, cfg.replica_server_id, asm, bridge, mariadb=info.mariadb,
+                              heartbeat_s=cfg.heartbeat_s, windows=windows, read_timeout_s=cfg.stall_s,
+                              seen=self.watch.seen if self.watch else None)
+        snapshotter = Snapshotter(cfg, self.js, self.cursors, windows, self.acked, self.registry,
+                                  max_row_bytes=self.nc.max_payload - HEADER_ALLOWANCE)
+        thread = threading.Thread(target=reader.run, name="binlog-reader", daemon=True)
+        thread.start()
+        pump = asyncio.create_task(self._pump(bridge, publisher, reader))
+        snapshots = asyncio.create_task(snapshotter.run())
+        try:
+            done, _ = await asyncio.wait({pump, snapshots}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+            raise SourceUnavailable("the snapshotter stopped")  # unreachable: both run until an error
+        finally:
+            # Stop the reader first: nothing a task still awaits may depend on it.
+            bridge.cancel()
+            reader.interrupt()
+            for task in (pump, snapshots):
+                task.cancel()
+            _, stuck = await asyncio.wait({pump, snapshots}, timeout=15)
+            if stuck:
+                self.log.error("pipeline.stuck_tasks", tasks=len(stuck))
+            for task in (pump, snapshots):
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: the first error was raised above
+            publisher.abandon()
+            self.zero_dates.set(reader.stats.zero_dates)
+            await asyncio.get_running_loop().run_in_executor(None, thread.join, 10.0)
+
+    async def _pump(self, bridge: ThreadBridge[Outgoing], publisher: Publisher, reader: BinlogReader) -> None:
+        """Binlog thread -> JetStream, until the reader fails."""
+        counted = 0
+        while True:
+            batch = bridge.get_nowait()
+            if not batch:
+                await publisher.flush()
+                self.events.inc(reader.events - counted)
+                counted = reader.events
+                try:
+                    batch = await bridge.get()
+                except EOFError:
+                    raise SourceUnavailable("the binlog reader stopped") from None
+            await publisher.publish(batch)
+
+    def _acked(self, complete: Outgoing | None, count: int) -> None:
+        """`count` messages were acked since the last call; `complete` ends the newest whole transaction."""
+        self.published.inc(count)
+        if complete is not None:
+            self.progress.set(complete)
+            self.acked.advance(envelope.scn(complete.resume.file, complete.resume.offset))

@@ -1,0 +1,553 @@
+"""alter.describe: DDL text -> the structured change a DDL envelope carries in `alter`."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.parser import values as v
+from services.parser.alter import describe
+from services.parser.snapshot.catalog import column_from_catalog
+from services.parser.snapshot.values import text_decoder_for
+
+
+def col(name: str, type_: str, nullable: bool = True, **kw: Any) -> dict[str, Any]:
+    return {"name": name, "type": type_, "nullable": nullable, **kw}
+
+
+def ops(sql: str, *, mariadb: bool = True) -> list[dict[str, Any]]:
+    return cast(list[dict[str, Any]], describe(sql, "s", mariadb=mariadb)["ops"])
+
+
+def add_op(sql_def: str, *, mariadb: bool = True) -> dict[str, Any]:
+    (op,) = ops(f"ALTER TABLE t ADD COLUMN c {sql_def}", mariadb=mariadb)
+    return op
+
+
+U8: dict[str, Any] = {"charset": "utf8mb4"}
+EMPTY: dict[str, Any] = {"ops": [], "columns": None, "pk": None, "renames": []}
+
+
+# -- kinds and the shape of every statement ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "kind"),
+    [
+        ("DROP TABLE a, b", "drop"),
+        ("TRUNCATE TABLE t", "truncate"),
+        ("CREATE INDEX i ON t (a)", "index"),
+        ("DROP INDEX i ON t", "index"),
+        ("CREATE DATABASE d", "other"),
+        ("CREATE VIEW v AS SELECT 1", "other"),
+        ("GRANT SELECT ON *.* TO u", "other"),
+    ],
+)
+def test_statements_without_column_changes(sql, kind):
+    assert describe(sql, "s") == {"kind": kind, **EMPTY}
+
+
+# -- ALTER TABLE ops ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "ops"),
+    [
+        ("ALTER TABLE t ADD COLUMN c INT", [{"op": "add", "column": col("c", "int"), "default": None}]),
+        ("alter table t add c int not null", [{"op": "add", "column": col("c", "int", False), "default": 0}]),
+        ("ALTER TABLE t ADD COLUMN IF NOT EXISTS c INT",
+         [{"op": "add", "column": col("c", "int"), "default": None, "if_not_exists": True}]),
+        ("ALTER TABLE t ADD c INT FIRST", [{"op": "add", "column": col("c", "int"), "default": None, "first": True}]),
+        ("ALTER TABLE t ADD c INT AFTER `b x`",
+         [{"op": "add", "column": col("c", "int"), "default": None, "after": "b x"}]),
+        ("ALTER TABLE t ADD (a INT NOT NULL, b VARCHAR(3) DEFAULT 'x')",
+         [{"op": "add", "column": col("a", "int", False), "default": 0},
+          {"op": "add", "column": col("b", "varchar", length=12, **U8), "default": "x"}]),
+        ("ALTER TABLE t ADD COLUMN (a INT)", [{"op": "add", "column": col("a", "int"), "default": None}]),
+        ("ALTER TABLE t ADD COLUMN id INT AUTO_INCREMENT PRIMARY KEY FIRST",
+         [{"op": "add", "column": col("id", "int", False), "default_expr": "AUTO_INCREMENT", "first": True},
+          {"op": "primary_key", "columns": ["id"]}]),
+        ("ALTER TABLE t ADD COLUMN `key` INT, ADD COLUMN period INT, ADD period2 INT",
+         [{"op": "add", "column": col("key", "int"), "default": None},
+          {"op": "add", "column": col("period", "int"), "default": None},
+          {"op": "add", "column": col("period2", "int"), "default": None}]),
+        # DROP
+        ("ALTER TABLE t DROP COLUMN c", [{"op": "drop", "name": "c"}]),
+        ("ALTER TABLE t DROP c, DROP COLUMN IF EXISTS `d e`",
+         [{"op": "drop", "name": "c"}, {"op": "drop", "name": "d e", "if_exists": True}]),
+        ("ALTER TABLE t DROP PRIMARY KEY", [{"op": "drop_primary_key"}]),
+        ("ALTER TABLE t DROP INDEX i, DROP KEY k, DROP FOREIGN KEY f, DROP CONSTRAINT c, DROP CHECK ck, "
+         "DROP INDEX IF EXISTS j, DROP PARTITION p0", []),
+        # RENAME COLUMN / MODIFY / CHANGE
+        ("ALTER TABLE t RENAME COLUMN a TO b", [{"op": "rename", "old": "a", "new": "b"}]),
+        ("ALTER TABLE t RENAME COLUMN `a.b` TO `c d`", [{"op": "rename", "old": "a.b", "new": "c d"}]),
+        ("ALTER TABLE t RENAME INDEX a TO b, RENAME KEY c TO d", []),
+        ("ALTER TABLE t MODIFY c BIGINT UNSIGNED NOT NULL",
+         [{"op": "modify", "old": "c", "column": col("c", "bigint", False, unsigned=True), "default": 0}]),
+        ("ALTER TABLE t MODIFY COLUMN IF EXISTS c TEXT",
+         [{"op": "modify", "old": "c", "column": col("c", "text", **U8), "default": None, "if_exists": True}]),
+        ("ALTER TABLE t CHANGE a b VARCHAR(3) NOT NULL DEFAULT 'x' AFTER z",
+         [{"op": "modify", "old": "a", "column": col("b", "varchar", False, length=12, **U8), "default": "x",
+           "after": "z"}]),
+        ("ALTER TABLE t CHANGE COLUMN `old one` `new one` INT FIRST",
+         [{"op": "modify", "old": "old one", "column": col("new one", "int"), "default": None, "first": True}]),
+        ("ALTER TABLE t MODIFY id INT NOT NULL PRIMARY KEY",
+         [{"op": "modify", "old": "id", "column": col("id", "int", False), "default": 0},
+          {"op": "primary_key", "columns": ["id"]}]),
+        # keys
+        ("ALTER TABLE t ADD PRIMARY KEY (a, `b c`(10) DESC)", [{"op": "primary_key", "columns": ["a", "b c"]}]),
+        ("ALTER TABLE t ADD CONSTRAINT pk PRIMARY KEY USING BTREE (a)", [{"op": "primary_key", "columns": ["a"]}]),
+        ("ALTER TABLE t ADD CONSTRAINT PRIMARY KEY (a)", [{"op": "primary_key", "columns": ["a"]}]),
+        ("ALTER TABLE t DROP PRIMARY KEY, ADD PRIMARY KEY (b)",
+         [{"op": "drop_primary_key"}, {"op": "primary_key", "columns": ["b"]}]),
+        # no column ops
+        ("ALTER TABLE t ADD INDEX i (a), ADD UNIQUE KEY u (b), ADD FULLTEXT f (c), ADD SPATIAL INDEX s (g), "
+         "ADD CONSTRAINT fk FOREIGN KEY (a) REFERENCES p (id) ON DELETE CASCADE, ADD CHECK (a > 0), "
+         "ADD CONSTRAINT ck CHECK (a IN (1, 2)), ADD UNIQUE (x)", []),
+        ("ALTER TABLE t ENGINE=InnoDB, COMMENT 'x, y', ALTER COLUMN a SET DEFAULT 1, ALTER a DROP DEFAULT, "
+         "ORDER BY a, CONVERT TO CHARACTER SET utf8mb4, ALGORITHM=INPLACE, LOCK=NONE, FORCE", []),
+        ("ALTER TABLE t ADD PARTITION (PARTITION p3 VALUES LESS THAN (2000)), ADD SYSTEM VERSIONING", []),
+        # comments
+        ("/* app */ ALTER TABLE t ADD c INT /* x, y */ NOT NULL -- note, z\n, DROP d # bye",
+         [{"op": "add", "column": col("c", "int", False), "default": 0}, {"op": "drop", "name": "d"}]),
+        ("ALTER TABLE t ADD c INT CONSTRAINT first CHECK (c > 0) COMMENT 'after x'",
+         [{"op": "add", "column": col("c", "int"), "default": None}]),
+        ("ALTER TABLE t ADD c VARCHAR(5) DEFAULT '/* no comment */' COMMENT 'a -- b'",
+         [{"op": "add", "column": col("c", "varchar", length=20, **U8), "default": "/* no comment */"}]),
+        # names: backticks, spaces, dots, non-ASCII
+        ("ALTER TABLE `my db`.`t.1` ADD COLUMN `ü col` INT, DROP COLUMN `we``ird`, ADD größe INT",
+         [{"op": "add", "column": col("ü col", "int"), "default": None}, {"op": "drop", "name": "we`ird"},
+          {"op": "add", "column": col("größe", "int"), "default": None}]),
+        # a list of every op kind
+        ("ALTER TABLE t ADD a INT NOT NULL DEFAULT 7, DROP b, RENAME COLUMN c TO d, MODIFY e CHAR(2), "
+         "ADD INDEX (a), DROP PRIMARY KEY, ADD PRIMARY KEY (a)",
+         [{"op": "add", "column": col("a", "int", False), "default": 7}, {"op": "drop", "name": "b"},
+          {"op": "rename", "old": "c", "new": "d"},
+          {"op": "modify", "old": "e", "column": col("e", "char", length=8, **U8), "default": None},
+          {"op": "drop_primary_key"}, {"op": "primary_key", "columns": ["a"]}]),
+    ],
+)
+def test_alter_ops(sql, ops):
+    out = describe(sql, "s")
+    assert out == {"kind": "alter", "ops": ops, "columns": None, "pk": None, "renames": []}
+
+
+@pytest.mark.parametrize(
+    ("sql", "ops", "renames"),
+    [
+        ("ALTER TABLE t RENAME TO t2", [{"op": "rename_table", "from": ["s", "t"], "to": ["s", "t2"]}],
+         [["s", "t", "s", "t2"]]),
+        ("ALTER TABLE t1 RENAME t2", [{"op": "rename_table", "from": ["s", "t1"], "to": ["s", "t2"]}],
+         [["s", "t1", "s", "t2"]]),
+        ("ALTER TABLE `db`.`a b` RENAME AS `db2`.`c.d`",
+         [{"op": "rename_table", "from": ["db", "a b"], "to": ["db2", "c.d"]}], [["db", "a b", "db2", "c.d"]]),
+        ("ALTER TABLE t ENGINE=InnoDB, ADD c INT, RENAME TO t2",
+         [{"op": "add", "column": col("c", "int"), "default": None},
+          {"op": "rename_table", "from": ["s", "t"], "to": ["s", "t2"]}], [["s", "t", "s", "t2"]]),
+    ],
+)
+def test_alter_rename_table(sql, ops, renames):
+    out = describe(sql, "s")
+    assert (out["kind"], out["ops"], out["renames"]) == ("alter", ops, renames)
+
+
+@pytest.mark.parametrize(
+    ("sql", "renames"),
+    [
+        ("RENAME TABLE a TO b", [["s", "a", "s", "b"]]),
+        ("RENAME TABLE a TO b, other.c TO d", [["s", "a", "s", "b"], ["other", "c", "s", "d"]]),
+        ("rename tables `a.b` to `c d`, `ü`.x TO `ü`.y", [["s", "a.b", "s", "c d"], ["ü", "x", "ü", "y"]]),
+        ("RENAME TABLE a TO tmp, b TO a, tmp TO b", [["s", "a", "s", "tmp"], ["s", "b", "s", "a"],
+                                                     ["s", "tmp", "s", "b"]]),
+    ],
+)
+def test_rename_table(sql, renames):
+    out = describe(sql, "s")
+    ops = [{"op": "rename_table", "from": r[:2], "to": r[2:]} for r in renames]
+    assert out == {"kind": "rename", "ops": ops, "columns": None, "pk": None, "renames": renames}
+
+
+# -- CREATE TABLE ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "columns", "pk"),
+    [
+        ("CREATE TABLE t (id INT NOT NULL AUTO_INCREMENT, name VARCHAR(20), PRIMARY KEY (id), KEY k (name), "
+         "UNIQUE KEY u (name), CONSTRAINT fk FOREIGN KEY (id) REFERENCES p (id), CHECK (id > 0)) ENGINE=InnoDB",
+         [col("id", "int", False), col("name", "varchar", length=80, **U8)], ["id"]),
+        ("CREATE TABLE t (id INT PRIMARY KEY, x INT UNIQUE KEY)", [col("id", "int", False), col("x", "int")], ["id"]),
+        ("CREATE TABLE t (id BIGINT KEY)", [col("id", "bigint", False)], ["id"]),
+        ("CREATE TABLE t (a INT, b INT, CONSTRAINT pk PRIMARY KEY (b, a))",
+         [col("a", "int", False), col("b", "int", False)], ["b", "a"]),
+        ("CREATE TABLE t (a INT, INDEX (a))", [col("a", "int")], []),
+        ("CREATE TABLE IF NOT EXISTS `db`.`t 1` (`ü` TEXT, `a``b` DATETIME(3), PERIOD FOR p(`a``b`, `a``b`))",
+         [col("ü", "text", **U8), col("a`b", "datetime", fsp=3)], []),
+        ("CREATE TABLE t (a INT /* , b INT */, c INT COMMENT 'x, y') -- z",
+         [col("a", "int"), col("c", "int")], []),
+        ("CREATE TABLE t (a INT DEFAULT (concat(lower(trim('a')), 'b')), b INT)", [col("a", "int"), col("b", "int")],
+         []),
+        ("CREATE TABLE t (a UUID, b INT)", [{"name": "a", "unknown": "UUID"}, col("b", "int")], []),
+        ("CREATE TABLE t (s SERIAL)", [col("s", "bigint", False, unsigned=True)], []),
+        ("CREATE TABLE t LIKE u", None, None),
+        ("CREATE TABLE t (LIKE u)", None, None),
+        ("CREATE TABLE t AS SELECT * FROM u", None, None),
+        ("CREATE TABLE t SELECT 1 AS a", None, None),
+        ("CREATE TABLE t (a INT PRIMARY KEY) SELECT 1 AS a, 2 AS b", None, ["a"]),
+        ("CREATE TABLE t (a INT) (SELECT 1 AS a)", None, []),
+        ("CREATE TABLE orders (id INT, note TEXT) START TRANSACTION",
+         [col("id", "int"), col("note", "text", **U8)], []),
+    ],
+)
+def test_create_table(sql, columns, pk):
+    out = describe(sql, "s")
+    assert out == {"kind": "create", "ops": [], "columns": columns, "pk": pk, "renames": []}
+
+
+# -- column types ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql_def", "column"),
+    [
+        ("INTEGER", col("c", "int")),
+        ("INT(11) UNSIGNED ZEROFILL", col("c", "int", unsigned=True)),
+        ("INT SIGNED", col("c", "int")),
+        ("BOOL", col("c", "tinyint")),
+        ("BOOLEAN", col("c", "tinyint")),
+        ("MEDIUMINT UNSIGNED", col("c", "mediumint", unsigned=True)),
+        ("INT8", col("c", "bigint")),
+        ("SMALLINT", col("c", "smallint")),
+        ("DEC(8,3)", col("c", "decimal", precision=8, scale=3)),
+        ("NUMERIC", col("c", "decimal", precision=10, scale=0)),
+        ("FIXED(5)", col("c", "decimal", precision=5, scale=0)),
+        ("DECIMAL(65,30) UNSIGNED", col("c", "decimal", unsigned=True, precision=65, scale=30)),
+        ("REAL", col("c", "double")),
+        ("FLOAT", col("c", "float")),
+        ("FLOAT(10)", col("c", "float")),
+        ("FLOAT(30)", col("c", "double")),
+        ("FLOAT(7,2)", col("c", "float")),
+        ("DOUBLE PRECISION", col("c", "double")),
+        ("CHARACTER VARYING(10)", col("c", "varchar", length=40, **U8)),
+        ("CHAR VARYING(10)", col("c", "varchar", length=40, **U8)),
+        ("NATIONAL CHAR(3)", col("c", "char", length=9, charset="utf8mb3")),
+        ("NATIONAL CHARACTER VARYING(3)", col("c", "varchar", length=9, charset="utf8mb3")),
+        ("NCHAR(2)", col("c", "char", length=6, charset="utf8mb3")),
+        ("NVARCHAR(5)", col("c", "varchar", length=15, charset="utf8mb3")),
+        ("NATIONAL VARCHAR(4)", col("c", "varchar", length=12, charset="utf8mb3")),
+        ("LONG VARCHAR", col("c", "mediumtext", **U8)),
+        ("LONG", col("c", "mediumtext", **U8)),
+        ("LONG VARBINARY", col("c", "mediumblob", charset="binary")),
+        ("VARCHAR(5) CHARACTER SET utf8", col("c", "varchar", length=15, charset="utf8mb3")),
+        ("VARCHAR(5) CHARSET latin1", col("c", "varchar", length=5, charset="latin1")),
+        ("VARCHAR(5) CHARACTER SET 'latin1' COLLATE 'latin1_bin'", col("c", "varchar", length=5, charset="latin1")),
+        ("VARCHAR(5) COLLATE latin1_german1_ci", col("c", "varchar", length=5, charset="latin1")),
+        ("VARCHAR(5) COLLATE utf8mb4_bin", col("c", "varchar", length=20, **U8)),
+        ("CHAR(3) ASCII", col("c", "char", length=3, charset="latin1")),
+        ("CHAR(2) UNICODE", col("c", "char", length=4, charset="ucs2")),
+        ("CHAR(4) BINARY", col("c", "char", length=16, **U8)),
+        ("CHAR", col("c", "char", length=4, **U8)),
+        ("CHAR(10) CHARACTER SET binary", col("c", "binary", length=10, charset="binary")),
+        ("VARCHAR(10) CHARACTER SET binary", col("c", "varbinary", length=10, charset="binary")),
+        ("TEXT CHARSET binary", col("c", "blob", charset="binary")),
+        ("BINARY", col("c", "binary", length=1, charset="binary")),
+        ("VARBINARY(7)", col("c", "varbinary", length=7, charset="binary")),
+        ("TINYTEXT CHARACTER SET latin1", col("c", "tinytext", charset="latin1")),
+        ("TEXT(100)", col("c", "text", **U8)),
+        ("TEXT(30000)", col("c", "mediumtext", **U8)),
+        ("TEXT(63) CHARACTER SET latin1", col("c", "tinytext", charset="latin1")),
+        ("BLOB(300)", col("c", "blob", charset="binary")),
+        ("LONGBLOB", col("c", "longblob", charset="binary")),
+        ("DATE", col("c", "date")),
+        ("DATETIME(6)", col("c", "datetime", fsp=6)),
+        ("TIMESTAMP(2) NULL", col("c", "timestamp", fsp=2)),
+        ("TIME(3)", col("c", "time", fsp=3)),
+        ("YEAR(4)", col("c", "year", unsigned=True)),
+        ("BIT", col("c", "bit", length=1)),
+        ("BIT(64)", col("c", "bit", length=64)),
+        ("ENUM('a','b ',\"c\")", col("c", "enum", values=["a", "b", "c"], **U8)),
+        ("SET('x','it''s','back\\\\slash')", col("c", "set", values=["x", "it's", "back\\slash"], **U8)),
+        ("ENUM('x') CHARACTER SET latin1", col("c", "enum", values=["x"], charset="latin1")),
+        ("POINT", col("c", "geometry")),
+        ("GEOMETRY NOT NULL", col("c", "geometry", False)),
+        ("INT NULL", col("c", "int")),
+        ("VARCHAR(3) NOT NULL", col("c", "varchar", False, length=12, **U8)),
+    ],
+)
+def test_column_types(sql_def, column):
+    assert add_op(sql_def)["column"] == column
+
+
+def test_json_follows_the_flavour():
+    assert add_op("JSON")["column"] == col("c", "longtext", **U8)  # MariaDB: LONGTEXT utf8mb4_bin
+    assert add_op("JSON", mariadb=False)["column"] == col("c", "json")
+
+
+@pytest.mark.parametrize(
+    ("sql_def", "unknown"),
+    [("UUID", "UUID"), ("INET6 NOT NULL", "INET6"), ("VECTOR(3)", "VECTOR(3)"),
+     ("VARCHAR(10) COMPRESSED", "VARCHAR(10)"), ("BLOB COMPRESSED=zlib", "BLOB"), ("", "")],
+)
+def test_unmappable_type_is_reported_not_raised(sql_def, unknown):
+    assert add_op(sql_def) == {"op": "add", "unknown": unknown, "name": "c"}
+
+
+# -- defaults: the value every existing row gets -----------------------------------------------
+
+MYSQL = False
+
+
+@pytest.mark.parametrize(
+    ("sql_def", "default"),
+    [
+        # integers
+        ("INT DEFAULT 5", 5), ("INT DEFAULT -5", -5), ("INT DEFAULT +5", 5), ("INT DEFAULT '7'", 7),
+        ("INT DEFAULT 2.5", 3), ("INT DEFAULT -2.5", -3), ("TINYINT DEFAULT '1.5'", 2), ("INT DEFAULT 0x10", 16),
+        ("INT DEFAULT X'0101'", 257), ("INT DEFAULT 1e2", 100), ("INT DEFAULT TRUE", 1), ("BOOLEAN DEFAULT FALSE", 0),
+        ("BIGINT UNSIGNED DEFAULT 18446744073709551615", 18446744073709551615),
+        ("INT DEFAULT NULL", None), ("INT NOT NULL DEFAULT NULL", None), ("INT", None), ("INT NOT NULL", 0),
+        ("SMALLINT UNSIGNED NOT NULL", 0),
+        # decimals
+        ("DECIMAL(6,2) DEFAULT 1.5", "1.50"), ("DECIMAL(6,2) DEFAULT 1.555", "1.56"),
+        ("DECIMAL(6,2) DEFAULT -1.5", "-1.50"), ("DECIMAL(6,2) DEFAULT '-0'", "0.00"),
+        ("DECIMAL DEFAULT 3", "3"), ("DEC(4) DEFAULT 1e2", "100"), ("NUMERIC(10,3) NOT NULL", "0.000"),
+        ("DECIMAL(5,0) NOT NULL", "0"),
+        # floats
+        ("FLOAT DEFAULT 1.1", 1.1), ("DOUBLE DEFAULT -2.5e-3", -0.0025), ("FLOAT(7,2) DEFAULT 1.237", 1.24),
+        ("REAL NOT NULL", 0.0), ("DOUBLE PRECISION DEFAULT '3.5'", 3.5), ("FLOAT NOT NULL", 0.0),
+        # BIT
+        ("BIT(5) DEFAULT b'101'", 5), ("BIT(4) DEFAULT B'11'", 3), ("BIT(8) DEFAULT 0x0F", 15),
+        ("BIT(8) DEFAULT 0b11", 3), ("BIT(8) DEFAULT 'a'", 97), ("BIT DEFAULT 1", 1), ("BIT(3) NOT NULL", 0),
+        # YEAR
+        ("YEAR DEFAULT 2024", 2024), ("YEAR DEFAULT '2024'", 2024), ("YEAR DEFAULT '0'", 2000),
+        ("YEAR DEFAULT '00'", 2000), ("YEAR DEFAULT 0", 0), ("YEAR DEFAULT 69", 2069), ("YEAR DEFAULT '70'", 1970),
+        ("YEAR NOT NULL", 0),
+        # DATE / DATETIME
+        ("DATE DEFAULT '2024-01-02'", "2024-01-02"), ("DATE DEFAULT '24-1-2'", "2024-01-02"),
+        ("DATE DEFAULT '2024/1/2'", "2024-01-02"), ("DATE DEFAULT 20240102", "2024-01-02"),
+        ("DATE DEFAULT '240102'", "2024-01-02"), ("DATE DEFAULT DATE '2024-03-04'", "2024-03-04"),
+        ("DATE DEFAULT '0000-00-00'", None), ("DATE NOT NULL", None), ("DATE DEFAULT 0", None),
+        ("DATETIME DEFAULT '2024-01-02 03:04:05'", "2024-01-02T03:04:05"),
+        ("DATETIME DEFAULT '2024-01-02T03:04:05'", "2024-01-02T03:04:05"),
+        ("DATETIME(3) DEFAULT '2024-01-02 03:04:05.1'", "2024-01-02T03:04:05.100"),
+        ("DATETIME(2) DEFAULT '2024-01-02 10:11:12.345'", "2024-01-02T10:11:12.34"),
+        ("DATETIME DEFAULT '2024-12-31 23:59:59.5'", "2024-12-31T23:59:59"),
+        ("DATETIME DEFAULT 20240102030405", "2024-01-02T03:04:05"),
+        ("DATETIME DEFAULT '2024-01-02'", "2024-01-02T00:00:00"),
+        ("DATETIME NOT NULL", None), ("DATETIME(6) NOT NULL", None),
+        ("DATETIME DEFAULT '0000-00-00 00:00:00'", None),
+        # TIMESTAMP: only the zero timestamp is independent of the session time zone
+        ("TIMESTAMP NOT NULL", None), ("TIMESTAMP NULL", None), ("TIMESTAMP", None),
+        ("TIMESTAMP NOT NULL DEFAULT 0", None), ("TIMESTAMP(3) NOT NULL DEFAULT '0000-00-00 00:00:00.000'", None),
+        # TIME
+        ("TIME DEFAULT '12:34:56'", "12:34:56"), ("TIME(1) DEFAULT '-01:02:03.45'", "-01:02:03.4"),
+        ("TIME DEFAULT 123456", "12:34:56"), ("TIME DEFAULT '1 02:00:00'", "26:00:00"),
+        ("TIME DEFAULT '-00:00:00'", "00:00:00"), ("TIME DEFAULT '838:59:59'", "838:59:59"),
+        ("TIME DEFAULT '12:34'", "12:34:00"), ("TIME DEFAULT 5", "00:00:05"), ("TIME DEFAULT '-1:2:3'", "-01:02:03"),
+        ("TIME(2) NOT NULL", "00:00:00.00"), ("TIME NOT NULL", "00:00:00"),
+        # strings
+        ("VARCHAR(10) DEFAULT 'it''s'", "it's"), ("VARCHAR(10) DEFAULT \"a\\\"b\"", 'a"b'),
+        ("VARCHAR(10) DEFAULT \"a\"\"b\"", 'a"b'), ("VARCHAR(10) DEFAULT 'a\\nb\\tc\\\\'", "a\nb\tc\\"),
+        ("VARCHAR(10) DEFAULT '50\\%'", "50\\%"), ("VARCHAR(10) DEFAULT _utf8mb4'x' 'y'", "xy"),
+        ("VARCHAR(10) DEFAULT _latin1 'x'", "x"), ("VARCHAR(10) DEFAULT N'abc'", "abc"),
+        ("VARCHAR(10) DEFAULT 0x4142", "AB"), ("VARCHAR(10) DEFAULT X'4142'", "AB"),
+        ("VARCHAR(10) DEFAULT 1.50", "1.50"), ("VARCHAR(10) DEFAULT 1e3", "1000"), ("VARCHAR(10) DEFAULT -0", "0"),
+        ("VARCHAR(10) DEFAULT 7", "7"), ("CHAR(5) DEFAULT 'ab  '", "ab"), ("VARCHAR(5) DEFAULT 'ab  '", "ab  "),
+        ("VARCHAR(10) DEFAULT 'ü€'", "ü€"), ("VARCHAR(10) CHARACTER SET latin1 DEFAULT 'é'", "é"),
+        ("TEXT NOT NULL", ""), ("VARCHAR(3) NOT NULL", ""), ("CHAR(3) NOT NULL", ""), ("LONGTEXT DEFAULT 'x'", "x"),
+        ("VARCHAR(10) DEFAULT ''", ""),
+        # binary
+        ("BINARY(4) DEFAULT 'a'", b"a\0\0\0"), ("BINARY(2) NOT NULL", b"\0\0"), ("BINARY NOT NULL", b"\0"),
+        ("VARBINARY(4) DEFAULT X'00FF'", b"\x00\xff"), ("VARBINARY(4) NOT NULL", b""), ("BLOB NOT NULL", b""),
+        ("CHAR(3) CHARACTER SET binary DEFAULT 'ab'", b"ab\0"), ("VARBINARY(9) DEFAULT 'ü'", "ü".encode()),
+        ("GEOMETRY NOT NULL", b""),
+        # ENUM / SET
+        ("ENUM('b','a') NOT NULL", "b"), ("ENUM('A','b') DEFAULT 'a'", "A"), ("ENUM('a ','b') DEFAULT 'a'", "a"),
+        ("ENUM('it''s','x') DEFAULT 'it''s'", "it's"), ("ENUM('a','b') DEFAULT NULL", None), ("ENUM('a','b')", None),
+        ("ENUM('a','b') DEFAULT 2", "b"),
+        ("SET('a','b','c') DEFAULT 'c,a'", ["a", "c"]), ("SET('a','b') NOT NULL", []), ("SET('a','b') DEFAULT ''", []),
+        ("SET('a','b','c') DEFAULT 5", ["a", "c"]),
+        # MariaDB's JSON is LONGTEXT: text as written
+        ("JSON DEFAULT '{\"a\":  1}'", '{"a":  1}'), ("JSON NOT NULL", ""),
+    ],
+)
+def test_default_of_existing_rows(sql_def, default):
+    op = add_op(sql_def)
+    assert "default_expr" not in op
+    assert op["default"] == default
+    assert type(op["default"]) is type(default)
+
+
+@pytest.mark.parametrize(
+    ("sql_def", "default"),
+    [
+        # MySQL rounds extra fractional digits where MariaDB truncates them.
+        ("DATETIME(2) DEFAULT '2024-01-02 10:11:12.345'", "2024-01-02T10:11:12.35"),
+        ("DATETIME DEFAULT '2024-12-31 23:59:59.5'", "2025-01-01T00:00:00"),
+        ("TIME(1) DEFAULT '-01:02:03.45'", "-01:02:03.5"),
+        ("TIME DEFAULT '00:00:59.5'", "00:01:00"),
+        ("JSON NOT NULL", "null"),
+    ],
+)
+def test_default_on_mysql(sql_def, default):
+    assert add_op(sql_def, mariadb=MYSQL)["default"] == default
+
+
+@pytest.mark.parametrize(
+    ("sql_def", "expr"),
+    [
+        ("DATETIME DEFAULT CURRENT_TIMESTAMP", "CURRENT_TIMESTAMP"),
+        ("DATETIME(6) DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)", "CURRENT_TIMESTAMP(6)"),
+        ("TIMESTAMP NOT NULL DEFAULT current_timestamp() ON UPDATE current_timestamp()", "current_timestamp()"),
+        ("DATETIME DEFAULT NOW()", "NOW()"),
+        ("DATE DEFAULT CURRENT_DATE", "CURRENT_DATE"),
+        ("DATE DEFAULT (CURRENT_DATE + INTERVAL 1 DAY)", "(CURRENT_DATE + INTERVAL 1 DAY)"),
+        ("CHAR(36) DEFAULT (UUID())", "(UUID())"),
+        ("CHAR(36) DEFAULT uuid()", "uuid()"),
+        ("INT DEFAULT (1 + 1)", "(1 + 1)"),
+        ("JSON DEFAULT (JSON_OBJECT())", "(JSON_OBJECT())"),
+        ("BIGINT DEFAULT NEXT VALUE FOR s1", "NEXT VALUE FOR s1"),
+        ("INT NOT NULL AUTO_INCREMENT", "AUTO_INCREMENT"),
+        ("SERIAL", "AUTO_INCREMENT"),
+        ("BIGINT SERIAL DEFAULT VALUE", "AUTO_INCREMENT"),
+        ("INT AS (a + 1) VIRTUAL", "AS (a + 1)"),
+        ("INT GENERATED ALWAYS AS (a * 2) STORED", "AS (a * 2)"),
+        ("VARCHAR(9) AS (concat(a, ',', b)) PERSISTENT", "AS (concat(a, ',', b))"),
+        # TIMESTAMP literals are read in the session time zone
+        ("TIMESTAMP DEFAULT '2024-01-01 00:00:00'", "'2024-01-01 00:00:00'"),
+        ("TIMESTAMP(3) NOT NULL DEFAULT 20240101000000", "20240101000000"),
+        # literals the server would refuse travel as written
+        ("ENUM('x','y') DEFAULT 'z'", "'z'"),
+        ("INT DEFAULT 'abc'", "'abc'"),
+        ("DATE DEFAULT 'tomorrow'", "'tomorrow'"),
+        ("VARBINARY(3) DEFAULT X'ABC'", "X'ABC'"),
+    ],
+)
+def test_default_known_only_to_the_server(sql_def, expr):
+    op = add_op(sql_def)
+    assert "default" not in op
+    assert op["default_expr"] == expr
+
+
+def test_modify_carries_the_default_too():
+    (op,) = ops("ALTER TABLE t MODIFY c VARCHAR(3) NOT NULL")
+    assert op["default"] == ""
+    (op,) = ops("ALTER TABLE t CHANGE c d DATETIME DEFAULT CURRENT_TIMESTAMP")
+    assert op["default_expr"] == "CURRENT_TIMESTAMP"
+
+
+# -- robustness: never raises -------------------------------------------------------------------
+
+_WORDS = ["ALTER", "TABLE", "t", "ADD", "COLUMN", "DROP", "MODIFY", "CHANGE", "RENAME", "TO", "AS", "CREATE",
+          "PRIMARY", "KEY", "CONSTRAINT", "IF", "NOT", "EXISTS", "NULL", "DEFAULT", "INT", "VARCHAR(3)",
+          "ENUM('a')", "SET", "CHARACTER", "COLLATE", "(", ")", ",", "'x'", "X'4'", "b'2'", "0x", "-", "1.5",
+          "`q`", "FIRST", "AFTER", "SERIAL", "UNIQUE", "TIME", "DATE", "TIMESTAMP", "BIT", "YEAR", "DECIMAL(1,9)",
+          "(a INT", "LIKE", "SELECT", "ON", "UPDATE", "COMMENT", "NEXT", "VALUE", "FOR", "GENERATED", "ALWAYS"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_WORDS), max_size=14))
+def test_describe_never_raises_on_odd_statements(words):
+    for prefix in ("ALTER TABLE t ", "CREATE TABLE t (c ", "ALTER TABLE t ADD c ", ""):
+        describe(prefix + " ".join(words), "s")
+
+
+@pytest.mark.parametrize("sql", [
+    "ALTER TABLE t RENAME COLUMN IF EXISTS", "ALTER TABLE t RENAME COLUMN IF EXISTS a",
+    "ALTER TABLE t DROP COLUMN IF EXISTS", "ALTER TABLE t ADD COLUMN IF NOT EXISTS",
+    "ALTER TABLE t CHANGE COLUMN IF EXISTS a", "ALTER TABLE t MODIFY COLUMN IF EXISTS",
+])
+def test_truncated_if_exists_specs_do_not_raise(sql):
+    """Found by the property test above: IF [NOT] EXISTS at the very end indexed past the tokens."""
+    describe(sql, "s")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=60))
+def test_describe_never_raises_on_any_text(text):
+    describe(text, "s")
+    describe("ALTER TABLE t ADD c " + text, "s")
+
+
+# -- against a real MariaDB: what existing rows really get ---------------------------------------
+
+IMPLICIT = [
+    "TINYINT", "INT UNSIGNED", "BIGINT", "DECIMAL(6,2)", "DECIMAL", "FLOAT", "DOUBLE", "BIT(5)", "BIT", "YEAR",
+    "CHAR(3)", "VARCHAR(10)", "TEXT", "ENUM('b','a')", "SET('x','y')", "TIME", "TIME(3)", "BINARY(4)", "BINARY",
+    "VARBINARY(4)", "BLOB", "DATE", "DATETIME", "DATETIME(3)", "TIMESTAMP", "TIMESTAMP(2)", "JSON", "BOOL",
+    "NATIONAL CHAR(2)", "LONG VARBINARY", "POINT",
+]
+EXPLICIT = [
+    "DATETIME(2) DEFAULT '2024-01-02 10:11:12.345'", "TIME(1) DEFAULT '-01:02:03.45'", "TIME DEFAULT '12:34:56.7'",
+    "YEAR DEFAULT '0'", "YEAR DEFAULT 0", "YEAR DEFAULT '69'", "YEAR DEFAULT 70", "ENUM('a ','b') DEFAULT 'a'",
+    "ENUM('A','b') DEFAULT 'a'", "CHAR(5) DEFAULT 'ab  '", "VARCHAR(5) DEFAULT 'ab  '", "TINYINT DEFAULT '1.5'",
+    "INT DEFAULT -2.5", "DECIMAL(6,2) DEFAULT 1.555", "DECIMAL(6,2) DEFAULT '-0'", "FLOAT(7,2) DEFAULT 1.237",
+    "FLOAT DEFAULT 1.1", "BIT(8) DEFAULT 'a'", "BIT(5) DEFAULT b'101'", "VARCHAR(10) DEFAULT 1.50",
+    "VARCHAR(10) DEFAULT 1e3", "VARCHAR(10) DEFAULT 0x4142", "INT DEFAULT 0x10", "SET('a','b','c') DEFAULT 'c,a'",
+    "TIME DEFAULT 123456", "TIME DEFAULT '1 02:00:00'", "TIME DEFAULT '-00:00:00'", "DATETIME DEFAULT 20240102",
+    "DATE DEFAULT '24-1-2'", "DATETIME(6) DEFAULT '2024-01-02 10:11:12.9999999'", "JSON DEFAULT '{\"a\":  1}'",
+    "VARCHAR(10) DEFAULT _latin1'x' 'y'", "BINARY(3) DEFAULT 'a'", "VARCHAR(10) DEFAULT 'it''s \\\\ ü'",
+    "VARCHAR(10) CHARACTER SET latin1 DEFAULT 'é'", "TEXT(100) DEFAULT 'x'", "TEXT(30000)", "BLOB(300)",
+    "VARCHAR(5) CHARACTER SET utf8 DEFAULT 'x'", "CHAR(3) ASCII DEFAULT 'a'", "DOUBLE DEFAULT -2.5e-3",
+]
+
+_COLUMNS_SQL = ("SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, NUMERIC_PRECISION, NUMERIC_SCALE, "
+                "DATETIME_PRECISION, CHARACTER_OCTET_LENGTH, COLLATION_NAME FROM information_schema.COLUMNS "
+                "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = 't' AND COLUMN_NAME = %s")
+
+
+@pytest.fixture
+def scratch() -> Iterator[tuple[Any, Any, str]]:
+    """(cursor, raw cursor, database) in a scratch database on the MariaDB at 127.0.0.1:3306; skips without one."""
+    pymysql = pytest.importorskip("pymysql")
+    try:
+        conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", password="", connect_timeout=2,
+                               autocommit=True, cursorclass=pymysql.cursors.DictCursor)
+    except pymysql.err.OperationalError as exc:
+        pytest.skip(f"no MariaDB on 127.0.0.1:3306: {exc}")
+    # The snapshot's view of a value: raw text-protocol bytes in the column's own charset.
+    raw = pymysql.connect(host="127.0.0.1", port=3306, user="root", password="", autocommit=True,
+                          use_unicode=False, conv={})
+    db = f"alter_test_{uuid.uuid4().hex[:12]}"
+    cur, rcur = conn.cursor(), raw.cursor()
+    try:
+        cur.execute("SELECT VERSION() AS v")
+        if "mariadb" not in cur.fetchone()["v"].lower():
+            pytest.skip("127.0.0.1:3306 is not MariaDB")
+        cur.execute(f"CREATE DATABASE `{db}` CHARACTER SET utf8mb4")
+        cur.execute(f"USE `{db}`")
+        rcur.execute(f"USE `{db}`")
+        rcur.execute("SET character_set_results = NULL")
+        cur.execute("SET SESSION explicit_defaults_for_timestamp = ON, time_zone = '+00:00'")
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+        cur.execute("INSERT INTO t VALUES (1)")
+        yield cur, rcur, db
+    finally:
+        cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+        conn.close()
+        raw.close()
+
+
+def test_defaults_equal_what_mariadb_fills_into_existing_rows(scratch):
+    cur, rcur, db = scratch
+    checked = []
+    for n, sql_def in enumerate([f"{t} NOT NULL" for t in IMPLICIT] + EXPLICIT):
+        name = f"c{n}"
+        sql = f"ALTER TABLE t ADD COLUMN {name} {sql_def}"
+        cur.execute(sql)
+        cur.execute(_COLUMNS_SQL, (db, name))
+        real = column_from_catalog(cur.fetchone())
+        rcur.execute(f"SELECT `{name}` FROM t")
+        (value,) = rcur.fetchone()
+        expected = None if value is None else text_decoder_for(real, v.DecodeStats())(bytes(value))
+        (op,) = cast(list[dict[str, Any]], describe(sql, db)["ops"])
+        assert op["column"] == real.describe(), sql
+        assert "default_expr" not in op, sql
+        assert (op["default"], type(op["default"])) == (expected, type(expected)), sql
+        checked.append(sql_def)
+    assert len(checked) == len(IMPLICIT) + len(EXPLICIT)
