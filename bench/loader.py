@@ -1,395 +1,477 @@
 #!/usr/bin/env python
-"""Loader benchmark: rows/s from BINLAKE_CDC into the lake, and the ratio to a plain Parquet append.
+"""Loader benchmark: the lake's ingest rate against a plain Parquet append, and how it holds up as a table grows.
 
-Starts a private MariaDB and nats-server (tests/servers.py), runs parser + one sink while
-bench/parser.py's workload writes N row changes (3 tables of mixed types, multi-row
-inserts/updates/deletes), waits until BINLAKE_CDC holds all N and stops them, so the CDC
-stream is fixed. Then, one after the other (never sharing the CPU):
+What is measured is the loader's lake (`services.loader.lake.Lake`), not NATS or MariaDB: the
+CDC envelopes are generated here, in the format the parser publishes (DESIGN §4, msgpack with
+the schema spliced in), so no MariaDB or nats-server is started. One keyed table of 8 mixed
+columns (bigint key, varchar, decimal, datetime, timestamp(6), double, text, int) gets batches
+of `--batch` row changes: ~75% inserts of new keys (multi-row events of 50 rows), ~20%
+updates and ~5% deletes of random live keys (events of 1-10 rows, full before images), so the
+table grows by ~35,000 rows a batch: 100k -> 2M rows is 55 batches, 2.75M changes (~8 minutes
+on 2 cores). The table is preloaded with `--preload` rows and a small mixed warm-up batch (not
+timed, then merged). For every batch, in one Spark session (local[2], 4g driver) and
+interleaved (the order alternates per batch):
 
-  (loader) meta + store + `python -m services.loader` (BINLAKE_BATCH_ROWS=50000): the real
-           process, timed from its logs: rows/s from its first `loader.committed` to the one
-           that reaches the last row change of BINLAKE_CDC (the first batch, which pays for
-           Spark's warm-up, is left out), and per batch the `seconds` it logged (group the
-           events + write changelog and snapshot + commit) and the interval between commits
-           (the whole cycle: store get, msgpack, write, commit, ack).
-  (plain)  in this process: the same batches, read through `shared.store_client.StoreClient`
-           (another client, from the earliest event, 50000 rows per get), the same Arrow
-           tables (`frames.group(...).arrow_segments()`), written by a local Spark session
-           of the same size as `spark.createDataFrame(arrow).write.mode("append").parquet(...)`,
-           timed the same way (wall clock after the first batch; per batch the write alone).
+  (a) plain  the batch's CDC messages -> `envelope.decode` -> the changelog rows as Arrow
+             (`frames.group(...).arrow_segments()`) -> `tables.arrow_to_spark` (pyspark
+             3.5's createDataFrame(arrow)) -> `.write.mode("append").parquet(dir)`: the cost
+             of writing the rows once, from the same CDC data, one step after the other
+             (as the issue's first loader benchmark timed its plain writer). `write-only`
+             is the last two steps alone (the Arrow built untimed): a stricter baseline,
+             printed beside it.
+  (b) loader what `services.loader.loader.Loader` does per batch minus the store round trip:
+             `Lake.apply(seq, prepared)` (the Iceberg changelog append with its marker, the
+             commits table, and a MERGE of the changelog tail into the current-state table
+             whenever the loader's default `MergePolicy` (LoaderConfig merge_rows / merge_s)
+             says it is due) while the next batch is read ahead in a worker thread
+             (`read_ahead.decode` + `frames.prepare`: msgpack, grouping, Arrow), as
+             `ReadAhead` does in the loader; the batch's time ends when both are done.
 
-The ratio is loader rows/s / plain rows/s: what the lake's changelog + snapshot merge + catalog
-commit cost on top of just writing the rows once. Exits non-zero when the lake does not hold
-exactly the N row changes (changelog rows at or below the commit pointer) or `verify` differs.
+The merge policy's age clock runs only while (b) works, so (a) and the workload generator do
+not make merges come earlier than they would in a loader running batches back to back. The
+loader's hourly maintenance (compaction) is not run: a full run is shorter than an hour.
 
-    python bench/loader.py [--rows 200000] [--batch-rows 50000] [--workdir DIR]
+Printed: rows/s of (a) and (b) (row changes / the sum of their per-batch seconds), `ratio` =
+b/a (target >= 0.5) and b/write-only, per-batch latency percentiles, the batches that included a merge and the
+merge cost at the start vs the end, and `growth` = median seconds per batch of (b) over the
+last quarter of batches / the first quarter (target <= 1.5). Then, outside the timing, the
+lake's live view (`live.live_frame`: current table + un-merged tail) must hold exactly the rows
+the generator left (count, sum of keys, sum of update counters) and the Parquet directory every
+row appended; exits 1 if not.
+
+    python3 -m bench.loader [--rows-to 2000000] [--batch 50000] [--preload 100000] [--workdir DIR]
+    python3 -m bench.loader --rows-to 300000      # a quick run
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import datetime as dt
-import itertools
-import json
+import io
+import logging
 import os
-import shutil
-import signal
-import subprocess
+import random
+import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import pyspark
+import structlog
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-import msgpack  # noqa: E402
-import nats  # noqa: E402
-import nats.errors  # noqa: E402
-import nats.js.errors  # noqa: E402
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
+from bench.common import arguments, percentile, run_in_workdir
+from services.loader import frames, read_ahead
+from services.loader.config import LoaderConfig
+from services.loader.lake import Lake, MergePolicy
+from services.loader.live import live_frame
+from services.loader.spark import CatalogConfig, iceberg_jars, session
+from services.loader.tables import LakeTable, arrow_to_spark, book_columns, data_types
+from shared import envelope
+from shared.store_client import Batch as StoreBatch
 
-from bench.parser import DB, TABLES, percentile, tail, write_workload  # noqa: E402
-from tests.servers import MariaDB, start_mariadb, start_nats  # noqa: E402
-
-PREFIX_ENV = {"BINLAKE_SOURCE": "main", "BINLAKE_METRICS_PORT": "-1"}
-
-
-def env_for(nats_url: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env.update(PREFIX_ENV, BINLAKE_NATS_URL=nats_url, **extra)
-    return env
-
-
-class Procs:
-    """Service processes with their logs; stopped (SIGTERM, then SIGKILL) on exit."""
-
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, module: str, name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        with (self.logs / f"{name}.log").open("ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", module], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT)
-        self.procs[name] = proc
-        return proc
-
-    def stop(self, name: str, timeout: float = 60) -> None:
-        proc = self.procs.pop(name)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def check(self, name: str) -> None:
-        proc = self.procs[name]
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail(self.logs / f'{name}.log', 40)}")
-
-    def stop_all(self) -> None:
-        for name in list(self.procs):
-            self.stop(name)
+DB, TABLE = "bench", "orders"
+COLUMNS: list[dict[str, Any]] = [
+    {"name": "id", "type": "bigint", "nullable": False},
+    {"name": "name", "type": "varchar", "nullable": False, "length": 256, "charset": "utf8mb4"},
+    {"name": "amount", "type": "decimal", "nullable": False, "precision": 12, "scale": 2},
+    {"name": "created", "type": "datetime", "nullable": False, "fsp": 0},
+    {"name": "updated", "type": "timestamp", "nullable": False, "fsp": 6},
+    {"name": "score", "type": "double", "nullable": True},
+    {"name": "note", "type": "text", "nullable": True, "length": 2, "charset": "utf8mb4"},
+    {"name": "rev", "type": "int", "nullable": False},
+]
+PK = ["id"]
+SCHEMA = {"id": "bench-orders-v1", "columns": COLUMNS}
+INSERT_EVENT_ROWS = 50  # a multi-row INSERT: as many rows as fit one 8 KiB binlog rows event
+SMALL_EVENT_ROWS = (1, 10)  # OLTP UPDATE / DELETE statements
+_WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
 
 
-@contextmanager
-def processes(logs: Path) -> Iterator[Procs]:
-    procs = Procs(logs)
-    try:
-        yield procs
-    finally:
-        procs.stop_all()
+# ----------------------------------------------------------------------------- the workload
 
 
-# ----------------------------------------------------------------------------- CDC
+class Workload:
+    """CDC envelopes of one keyed table, and the table they leave (every key's update counter)."""
 
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.rev: list[int] = [-1]  # by id: updates so far, -1 = not live
+        self.slot: list[int] = [-1]  # by id: index in `live`
+        self.live: list[int] = []
+        self.seq = 0  # CDC sequence of the last message
+        self.scn = (1 << 32) | 4
+        self.txn = 0
+        self.packed = envelope.pack_schema(SCHEMA)
+        words = [f"{w}{i}" for i, w in enumerate(_WORDS * 40)]
+        self.names = [" ".join(self.rng.sample(words, 3)) for _ in range(997)]
+        self.notes = [" ".join(self.rng.choices(words, k=self.rng.randint(0, 30))) for _ in range(1009)]
 
-async def cdc_scan(nats_url: str) -> tuple[int, int, int]:
-    """(row changes of the bench tables, messages holding them, CDC sequence of the last one)."""
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-        try:
-            info = await js.stream_info("BINLAKE_CDC")
-        except nats.js.errors.NotFoundError:
-            return 0, 0, 0
-        if info.state.messages == 0:
-            return 0, 0, 0
-        sub = await js.pull_subscribe(">", stream="BINLAKE_CDC", config=ConsumerConfig(
-            deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=30))
-        rows = msgs = last = 0
-        seen = 0
-        while seen < info.state.last_seq:
-            try:
-                batch = await sub.fetch(2000, timeout=2)
-            except nats.errors.TimeoutError:
-                break
-            for m in batch:
-                seen = m.metadata.sequence.stream
-                env = msgpack.unpackb(m.data, raw=False, strict_map_key=False)
-                if env.get("db") == DB and env.get("op") in ("i", "u", "d"):
-                    rows += len(env["rows"])
-                    msgs += 1
-                    last = seen
-        await sub.unsubscribe()
-        return rows, msgs, last
-    finally:
-        await nc.close()
+    def row(self, key: int) -> dict[str, Any]:
+        """Key `key` at its current update counter (every value follows from the two)."""
+        rev = self.rev[key]
+        h = (key * 0x9E3779B1 + rev * 0x85EBCA77) & 0xFFFFFFFF
+        c = time.gmtime(1_500_000_000 + key * 7)
+        u = time.gmtime(1_600_000_000 + key * 3 + rev * 86_400)
+        return {"id": key, "name": self.names[h % 997], "amount": f"{h % 10**8}.{h % 100:02d}",
+                "created": f"{c.tm_year:04d}-{c.tm_mon:02d}-{c.tm_mday:02d}T{c.tm_hour:02d}:{c.tm_min:02d}:"
+                           f"{c.tm_sec:02d}",
+                "updated": f"{u.tm_year:04d}-{u.tm_mon:02d}-{u.tm_mday:02d}T{u.tm_hour:02d}:{u.tm_min:02d}:"
+                           f"{u.tm_sec:02d}.{h % 1_000_000:06d}Z",
+                "score": None if h % 13 == 0 else (h % 1_000_000) / 997.0,
+                "note": None if h % 17 == 0 else self.notes[(h >> 7) % 1009], "rev": rev}
 
+    def _message(self, op: str, rows: list[dict[str, Any]]) -> tuple[int, bytes]:
+        self.seq += 1
+        self.scn += 64 + 8 * len(rows)
+        self.txn += 1
+        gtid = f"0-1-{self.txn}"
+        pos = {"file": "mysql-bin.000001", "offset": self.scn & 0xFFFFFFFF, "gtid": gtid}
+        fields = {"v": envelope.VERSION, "source": "bench", "db": DB, "table": TABLE, "op": op,
+                  "ts": 1_700_000_000_000 + self.seq, "pos": pos, "scn": self.scn,
+                  "txn": {"id": gtid, "i": 0, "last": True}, "pk": PK, "rows": rows, "resume": pos}
+        return self.seq, envelope.encode(fields, self.packed)
 
-def wait(pred: Any, limit_s: float, what: str, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {limit_s:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-def prefill(db: MariaDB, nats_url: str, procs: Procs, rows: int) -> int:
-    """parser + sink over a written workload; returns the CDC sequence of the last row change."""
-    procs.start("services.parser", "parser", env_for(nats_url, BINLAKE_SOURCE_URL=db.dsn(), BINLAKE_START="current"))
-    procs.start("services.sink", "sink", env_for(nats_url, BINLAKE_INSTANCE="sink-1"))
-
-    async def raw_started() -> bool:
-        nc = await nats.connect(nats_url)
-        try:
-            return bool((await nc.jetstream().stream_info("BINLAKE_RAW")).state.messages)
-        except nats.js.errors.NotFoundError:
-            return False
-        finally:
-            await nc.close()
-
-    def started() -> bool:
-        procs.check("parser")
-        return asyncio.run(raw_started())
-
-    wait(started, 120, "the parser's first message")
-    t0 = time.monotonic()
-    wl = write_workload(db, rows)
-    print(f"workload             : {wl.rows} row changes ({dict(wl.by_op)}), {wl.transactions} transactions, "
-          f"written in {wl.seconds:.1f} s")
-    state: dict[str, tuple[int, int, int]] = {}
-
-    def filled() -> bool:
-        procs.check("parser")
-        procs.check("sink")
-        state["scan"] = asyncio.run(cdc_scan(nats_url))
-        return state["scan"][0] >= wl.rows
-
-    wait(filled, 900, f"{wl.rows} row changes in BINLAKE_CDC", interval=3)
-    got, msgs, last = state["scan"]
-    if got != wl.rows:
-        raise RuntimeError(f"BINLAKE_CDC holds {got} row changes, {wl.rows} were written")
-    print(f"BINLAKE_CDC          : {got} row changes in {msgs} messages, last at seq {last} "
-          f"(parser+sink caught up {time.monotonic() - t0:.1f} s after the workload began)")
-    procs.stop("sink")
-    procs.stop("parser")
-    return last
-
-
-# ----------------------------------------------------------------------------- (loader)
-
-
-def committed_lines(log: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        if '"loader.committed"' in line:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
-
-
-def run_loader(nats_url: str, procs: Procs, data_dir: Path, last: int, batch_rows: int) -> dict[str, Any]:
-    procs.start("services.meta", "meta", env_for(nats_url))
-    procs.start("services.store", "store", env_for(nats_url))
-    log = procs.logs / "loader.log"
-    t0 = time.monotonic()
-    procs.start("services.loader", "loader", env_for(
-        nats_url, BINLAKE_DATA_DIR=str(data_dir), BINLAKE_BATCH_ROWS=str(batch_rows), BINLAKE_FLUSH_S="1"))
-
-    def done() -> bool:
-        procs.check("loader")
-        lines = committed_lines(log)
-        return bool(lines) and int(lines[-1]["seq"]) >= last
-
-    wait(done, 3600, f"the loader to commit CDC sequence {last}", interval=2)
-    wall = time.monotonic() - t0
-    procs.stop("loader")
-    lines = committed_lines(log)
-    stamps = [dt.datetime.fromisoformat(x["timestamp"].replace("Z", "+00:00")).timestamp() for x in lines]
-    steady_rows = sum(int(x["rows"]) for x in lines[1:])
-    steady_s = stamps[-1] - stamps[0] if len(stamps) > 1 else float("nan")
-    return {"batches": len(lines), "rows": sum(int(x["rows"]) for x in lines), "steady_rows": steady_rows,
-            "steady_s": steady_s, "wall_s": wall, "first_s": float(lines[0]["seconds"]),
-            "seconds": [float(x["seconds"]) for x in lines[1:]],
-            "cycles": [b - a for a, b in itertools.pairwise(stamps)]}
-
-
-# ----------------------------------------------------------------------------- (plain)
-
-
-async def run_plain(nats_url: str, out_dir: Path, last: int, batch_rows: int) -> dict[str, Any]:
-    from services.loader import frames
-    from services.loader.spark import session
-    from shared.store_client import StoreClient
-
-    spark = session("bench-plain", "local[*]", str(out_dir / "data"), str(out_dir / "warehouse"), hive=False)
-    loop = asyncio.get_running_loop()
-    client = await StoreClient.connect(nats_url, "bench-plain", timeout_s=60.0)
-    try:
-        await client.subscribe(filter=rf"{DB}\..*", start="earliest", reset=True)
-        times: list[float] = []  # per batch: createDataFrame + write of its Arrow tables
-        group_s: list[float] = []  # per batch: msgpack + frames.group + Arrow
-        ends: list[float] = []
+    def _insert(self, n: int) -> tuple[int, bytes]:
         rows = []
-        while True:
-            batch = await client.get(batch_rows, 1.0)
-            if batch.id is None:
-                continue
-            t = time.monotonic()
-            events = [(s, msgpack.unpackb(r, raw=False, strict_map_key=False))
-                      for s, r in zip(batch.seqs, batch.raw, strict=True)]
-            tables = frames.group(events)
-            arrows = [(lake, a) for lake, changes in tables.items() for a in changes.arrow_segments()]
-            t_write = time.monotonic()
-            group_s.append(t_write - t)
+        for _ in range(n):
+            key = len(self.rev)
+            self.rev.append(0)
+            self.slot.append(len(self.live))
+            self.live.append(key)
+            rows.append({"after": self.row(key)})
+        return self._message("i", rows)
 
-            def write(arrows: list[tuple[tuple[str, str], Any]] = arrows) -> None:
-                for (_db, table), arrow in arrows:
-                    spark.createDataFrame(arrow).write.mode("append").parquet(str(out_dir / "parquet" / table))
+    def _update(self, n: int) -> tuple[int, bytes]:
+        rows = []
+        for i in self.rng.sample(range(len(self.live)), n):
+            key = self.live[i]
+            before = self.row(key)
+            self.rev[key] += 1
+            rows.append({"before": before, "after": self.row(key)})
+        return self._message("u", rows)
 
-            await loop.run_in_executor(None, write)
-            times.append(time.monotonic() - t_write)
-            ends.append(time.monotonic())
-            rows.append(sum(c.rows for c in tables.values()))
-            await client.ack(batch.id)
-            if batch.id >= last:
-                break
-        written = sum(spark.read.parquet(str(out_dir / "parquet" / t)).count() for t in TABLES)
-    finally:
-        await client.close()
-        spark.stop()
-    return {"batches": len(rows), "rows": sum(rows), "steady_rows": sum(rows[1:]),
-            "steady_s": ends[-1] - ends[0] if len(ends) > 1 else float("nan"), "first_s": times[0],
-            "seconds": times[1:], "group": group_s, "written": written,
-            "cycles": [b - a for a, b in itertools.pairwise(ends)]}
+    def _delete(self, n: int) -> tuple[int, bytes]:
+        keys = [self.live[i] for i in self.rng.sample(range(len(self.live)), n)]
+        rows = []
+        for key in keys:
+            rows.append({"before": self.row(key)})
+            i, last = self.slot[key], self.live[-1]
+            self.live[i], self.slot[last] = last, i  # swap-remove
+            self.live.pop()
+            self.rev[key], self.slot[key] = -1, -1
+        return self._message("d", rows)
+
+    def batch(self, rows: int, inserts_only: bool = False) -> list[tuple[int, bytes]]:
+        """`rows` row changes: 75% inserts, 20% updates, 5% deletes, events shuffled."""
+        ins = rows if inserts_only else round(rows * 0.75)
+        upd = 0 if inserts_only else round(rows * 0.20)
+        plan = _chunks(ins, INSERT_EVENT_ROWS, "i") + self._small(upd, "u") + self._small(rows - ins - upd, "d")
+        self.rng.shuffle(plan)
+        make = {"i": self._insert, "u": self._update, "d": self._delete}
+        return [make[op](n) for op, n in plan]
+
+    def _small(self, rows: int, op: str) -> list[tuple[str, int]]:
+        out = []
+        while rows > 0:
+            n = min(rows, self.rng.randint(*SMALL_EVENT_ROWS))
+            out.append((op, n))
+            rows -= n
+        return out
+
+    def expected(self) -> tuple[int, int, int]:
+        """(rows, sum of keys, sum of update counters) of the live table."""
+        return len(self.live), sum(self.live), sum(self.rev[k] for k in self.live)
 
 
-# ----------------------------------------------------------------------------- checks & report
+def _chunks(rows: int, size: int, op: str) -> list[tuple[str, int]]:
+    return [(op, min(size, rows - i)) for i in range(0, rows, size)]
 
 
-def check_lake(db: MariaDB, data_dir: Path, rows: int) -> list[str]:
-    """The lake's changelog holds exactly `rows` changes; verify equal for every bench table."""
-    from services.loader.lake import COMMIT_FILE, lake_name
-    from services.loader.spark import session
-    from services.loader.verify import verify
+# ----------------------------------------------------------------------------- the two writers
 
-    warehouse = data_dir / "warehouse"
-    committed = int(json.loads((warehouse / COMMIT_FILE).read_text())["seq"])
-    spark = session("bench-check", "local[*]", str(data_dir / "check"), str(warehouse), hive=False)
-    problems = []
-    try:
-        total = 0
-        for t in TABLES:
-            base = warehouse / lake_name(DB, t) / "changelog"
-            dirs = [str(p) for p in base.iterdir()
-                    if p.name.startswith("_batch=") and int(p.name.split("=", 1)[1]) <= committed]
-            df = spark.read.option("basePath", str(base)).parquet(*dirs).select("_seq", "_row")
-            n, distinct = df.count(), df.distinct().count()
-            if n != distinct:
-                problems.append(f"{t}: {n - distinct} duplicate changes in the changelog")
-            total += n
-        if total != rows:
-            problems.append(f"the changelog holds {total} changes, BINLAKE_CDC {rows}")
-        for r in verify(spark, db.dsn(), str(warehouse), [f"{DB}.{t}" for t in TABLES]):
-            print(f"verify               : {r.line()}")
-            if not r.equal:
-                problems.append(r.line())
-    finally:
-        spark.stop()
-    return problems
+
+class LoaderClock:
+    """Monotonic time that runs only while the loader works: the merge policy's age clock."""
+
+    def __init__(self) -> None:
+        self._spent = 0.0
+        self._since: float | None = None
+
+    def __call__(self) -> float:
+        return self._spent + (0.0 if self._since is None else time.monotonic() - self._since)
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        self._since = time.monotonic()
+        try:
+            yield
+        finally:
+            self._spent += time.monotonic() - self._since
+            self._since = None
+
+
+@dataclass
+class TimedLake(Lake):
+    """The loader's Lake, recording the seconds of every merge of a changelog tail."""
+
+    merges: list[float] = field(default_factory=list)
+
+    def flush(self, table: LakeTable, batch: int) -> None:
+        if not table.tail_rows:
+            return
+        started = time.perf_counter()
+        super().flush(table, batch)
+        self.merges.append(time.perf_counter() - started)
+
+
+@dataclass
+class Batch:
+    rows: int  # row changes
+    live: int  # rows of the table after the batch
+    plain_s: float  # (a): decode + group + Arrow + write
+    write_s: float  # (a)'s write alone (the Arrow built before)
+    loader_s: float  # (b): Lake.apply (merges included) + waiting for the next batch's read-ahead
+    ahead_s: float  # (b)'s read-ahead of the next batch (decode + group + Arrow), overlapped with Lake.apply
+    group_s: float  # (a)'s envelope.decode + frames.group + Arrow
+    merges: list[float]
+
+
+class Bench:
+    """The two writers of the same batches: (a) plain Parquet, (b) the loader's lake."""
+
+    def __init__(self, spark: SparkSession, lake: TimedLake, clock: LoaderClock, plain_dir: Path) -> None:
+        self.spark, self.lake, self.clock, self.plain_dir = spark, lake, clock, plain_dir
+        self.plain_columns = book_columns(data_types(COLUMNS), PK)
+        self.plain_rows = 0
+        self.ready: frames.Prepared | None = None  # (b)'s read-ahead of the batch it writes next
+        self.pool = ThreadPoolExecutor(1)
+
+    def plain(self, raw: list[tuple[int, bytes]]) -> tuple[float, float, int]:
+        """(a): (seconds to write, seconds of envelope.decode + frames.group + Arrow before it, rows)."""
+        started = time.perf_counter()
+        events = read_ahead.decode(_batch(raw))
+        arrows = [a for changes in frames.group(events).values()
+                  for step in changes.steps if isinstance(step, frames.Rows) for a in step.arrow_segments()]
+        built = time.perf_counter()
+        for arrow in arrows:
+            arrow_to_spark(self.spark, arrow, self.plain_columns).write.mode("append").parquet(str(self.plain_dir))
+        rows = sum(a.num_rows for a in arrows)
+        self.plain_rows += rows
+        return time.perf_counter() - built, built - started, rows
+
+    def loader(self, raw: list[tuple[int, bytes]], following: list[tuple[int, bytes]] | None
+               ) -> tuple[float, float, int, list[float]]:
+        """(b) as `Loader` runs it: Lake.apply of this batch while the next one is read ahead (decoded,
+        grouped, in Arrow) in a worker thread. Returns (seconds, read-ahead seconds, rows, merge seconds)."""
+        before = len(self.lake.merges)
+        with self.clock.running():
+            started = time.perf_counter()
+            prepared = self.ready or frames.prepare(read_ahead.decode(_batch(raw)))  # the first: nothing ran ahead
+            ahead = self.pool.submit(_timed_prepare, following) if following else None
+            rows = self.lake.apply(raw[-1][0], prepared)
+            self.ready, ahead_s = ahead.result() if ahead else (None, 0.0)
+            done = time.perf_counter()
+        return done - started, ahead_s, rows, self.lake.merges[before:]
+
+    def batch(self, raw: list[tuple[int, bytes]], following: list[tuple[int, bytes]] | None, live: int,
+              plain_first: bool) -> Batch:
+        if plain_first:
+            write_s, group_s, n = self.plain(raw)
+            loader_s, ahead_s, written, merges = self.loader(raw, following)
+        else:
+            loader_s, ahead_s, written, merges = self.loader(raw, following)
+            write_s, group_s, n = self.plain(raw)
+        if n != written:
+            raise RuntimeError(f"the lake wrote {written} rows of a batch, the plain append {n}")
+        return Batch(written, live, group_s + write_s, write_s, loader_s, ahead_s, group_s, merges)
+
+
+def _batch(raw: list[tuple[int, bytes]]) -> StoreBatch:
+    return StoreBatch(raw[-1][0], [r for _, r in raw], 0, [s for s, _ in raw])
+
+
+def _timed_prepare(raw: list[tuple[int, bytes]]) -> tuple[frames.Prepared, float]:
+    started = time.perf_counter()
+    prepared = frames.prepare(read_ahead.decode(_batch(raw)))
+    return prepared, time.perf_counter() - started
+
+
+# ----------------------------------------------------------------------------- report
 
 
 def pct(values: list[float]) -> str:
     s = sorted(values)
-    return f"p50 {percentile(s, 50):.2f} s, p95 {percentile(s, 95):.2f} s, max {max(s) if s else float('nan'):.2f} s"
+    return (f"p50 {percentile(s, 50):.2f} s, p95 {percentile(s, 95):.2f} s, p99 {percentile(s, 99):.2f} s, "
+            f"max {s[-1]:.2f} s" if s else "-")
 
 
-def report(loader: dict[str, Any], plain: dict[str, Any], batch_rows: int) -> None:
-    lr = loader["steady_rows"] / loader["steady_s"]
-    pr = plain["steady_rows"] / plain["steady_s"]
-    print(f"---- loader process ({loader['batches']} batches of <= {batch_rows} rows, {loader['rows']} rows)")
-    print(f"start to caught up   : {loader['wall_s']:.1f} s (Spark start-up and first batch {loader['first_s']:.1f} s "
-          "write time included)")
-    print(f"steady               : {loader['steady_rows']} rows in {loader['steady_s']:.1f} s = {lr:,.0f} rows/s "
-          "(first committed -> last committed)")
-    print(f"batch write+commit   : {pct(loader['seconds'])}  (the `seconds` the loader logs)")
-    print(f"batch cycle          : {pct(loader['cycles'])}  (commit to commit: get, decode, write, commit, ack)")
-    print(f"---- plain Parquet append, same batches and Arrow tables ({plain['batches']} batches, "
-          f"{plain['rows']} rows, {plain['written']} rows written)")
-    print(f"steady               : {plain['steady_rows']} rows in {plain['steady_s']:.1f} s = {pr:,.0f} rows/s")
-    print(f"batch write          : {pct(plain['seconds'])}  (first batch {plain['first_s']:.2f} s)")
-    print(f"batch cycle          : {pct(plain['cycles'])}")
-    print(f"batch group (Arrow)  : {pct(plain['group'])}  (msgpack + frames.group + to Arrow)")
+def report(batches: list[Batch], start: int, merge_rows: list[int]) -> None:
+    rows = sum(b.rows for b in batches)
+    plain_s = sum(b.plain_s for b in batches)
+    loader_s = sum(b.loader_s for b in batches)
+    write_s = sum(b.write_s for b in batches)
+    a, b, w = rows / plain_s, rows / loader_s, rows / write_s
+    print(f"---- {len(batches)} timed batches, {rows:,} row changes, table {start:,} -> "
+          f"{batches[-1].live:,} rows (live)")
+    print(f"(a) plain Parquet    : {a:>9,.0f} rows/s ({plain_s:.1f} s); batch {pct([x.plain_s for x in batches])}")
+    print(f"    of which decode  : {pct([x.group_s for x in batches])}  (envelope.decode + frames.group + Arrow)")
+    print(f"    write-only       : {w:>9,.0f} rows/s ({write_s:.1f} s); batch {pct([x.write_s for x in batches])}")
+    print(f"(b) loader           : {b:>9,.0f} rows/s ({loader_s:.1f} s); batch {pct([x.loader_s for x in batches])}")
+    print(f"    read-ahead       : {pct([x.ahead_s for x in batches])}  (the next batch's envelope.decode + "
+          "frames.group + Arrow, in a worker thread while Lake.apply runs)")
+    merged = [x for x in batches if x.merges]
+    plain = [x for x in batches if not x.merges]
+    print(f"    without a merge  : {len(plain)} batches, {pct([x.loader_s for x in plain])}")
+    print(f"    with a merge     : {len(merged)} batches, {pct([x.loader_s for x in merged])}")
+    timed = [m for x in batches for m in x.merges]
+    if timed:
+        shown = ", ".join(f"{s:.1f} s @ {r / 1e6:.2f}M" for s, r in zip(timed, merge_rows, strict=True))
+        print(f"merges (s @ table)   : {shown}")
+        print(f"merge cost           : first {timed[0]:.1f} s (table {merge_rows[0]:,} rows) -> last {timed[-1]:.1f} s "
+              f"(table {merge_rows[-1]:,} rows), x{timed[-1] / timed[0]:.2f}; {sum(timed):.1f} s in all = "
+              f"{sum(timed) / loader_s:.0%} of (b)")
+    q = max(1, len(batches) // 4)
+    first, last = [x.loader_s for x in batches[:q]], [x.loader_s for x in batches[-q:]]
+    growth = statistics.median(last) / statistics.median(first)
+    mean_growth = statistics.fmean(last) / statistics.fmean(first)
+    print(f"quarters ({q} batches) : median {statistics.median(first):.2f} s -> {statistics.median(last):.2f} s; "
+          f"mean (merges spread in) {statistics.fmean(first):.2f} s -> {statistics.fmean(last):.2f} s "
+          f"(x{mean_growth:.2f}, informational)")
     print("---- summary")
-    print(f"loader {lr:,.0f} rows/s, plain Parquet append {pr:,.0f} rows/s, ratio loader/plain = {lr / pr:.2f}")
-    print(f"loader batch latency (write+commit): p50 {percentile(sorted(loader['seconds']), 50):.2f} s, "
-          f"p95 {percentile(sorted(loader['seconds']), 95):.2f} s")
+    print(f"rows/s               : loader {b:,.0f}, plain Parquet append {a:,.0f} (write-only {w:,.0f})")
+    print(f"ratio                : {b / a:.2f}  (b/a, target >= 0.5: {'met' if b / a >= 0.5 else 'MISSED'}); "
+          f"b/write-only {b / w:.2f}")
+    print(f"growth               : {growth:.2f}  (median s/batch last quarter / first quarter, target <= 1.5: "
+          f"{'met' if growth <= 1.5 else 'MISSED'})")
+    print(f"loader batch latency : {pct([x.loader_s for x in batches])}")
+
+
+def check(spark: SparkSession, wl: Workload, plain_dir: Path, plain_rows: int) -> list[str]:
+    """The lake's live view holds the generator's table; the Parquet directory every appended row."""
+    problems = []
+    df = live_frame(spark, "lake", DB, TABLE)
+    if df is None:
+        return [f"no lake table {DB}.{TABLE}"]
+    got = df.agg(F.count(F.lit(1)), F.sum("id"), F.sum("rev")).collect()[0]
+    have = (int(got[0]), int(got[1] or 0), int(got[2] or 0))
+    want = wl.expected()
+    print(f"check                : live view {have[0]:,} rows (sum id {have[1]}, sum rev {have[2]}), "
+          f"expected {want[0]:,} ({want[1]}, {want[2]})")
+    if have != want:
+        problems.append(f"the live view holds (rows, sum id, sum rev) {have}, expected {want}")
+    written = spark.read.parquet(str(plain_dir)).count()
+    print(f"check                : plain Parquet {written:,} rows, appended {plain_rows:,}")
+    if written != plain_rows:
+        problems.append(f"the Parquet directory holds {written} rows, {plain_rows} were appended")
+    return problems
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def stop(spark: SparkSession) -> None:
+    """Stop Spark and the py4j callback server MERGE commits start (a non-daemon thread: exit would hang)."""
+    gateway = spark.sparkContext._gateway
+    if gateway is not None:
+        gateway.shutdown_callback_server()
+    spark.stop()
+
+
+def preload(bench: Bench, wl: Workload, rows: int, batch: int) -> None:
+    """Not timed: the table the timed batches start from, merged. A small mixed batch at the end warms
+    the update and delete paths (MERGE with position deletes) that inserts alone do not reach."""
+    started = time.monotonic()
+    while len(wl.live) < rows:
+        raw = wl.batch(min(batch, rows - len(wl.live)), inserts_only=True)
+        bench.plain(raw)
+        bench.loader(raw, None)
+    warm = max(1, batch // 10)
+    raw = wl.batch(warm)
+    bench.plain(raw)
+    bench.loader(raw, None)
+    bench.lake.merge_all()
+    bench.lake.merges.clear()
+    print(f"preload              : {len(wl.live):,} rows ({rows:,} inserted, then a warm-up batch of {warm:,} mixed "
+          f"changes), loaded and merged in {time.monotonic() - started:.1f} s (not timed)")
+
+
+def measure(bench: Bench, wl: Workload, rows_to: int, batch: int) -> tuple[list[Batch], list[int]]:
+    """The timed batches until the table holds `rows_to` rows; and the table's rows at each merge.
+
+    Each batch is generated one ahead (untimed), so that (b) can read it ahead as the loader
+    does; the extra batch generated last is written untimed at the end."""
+    batches: list[Batch] = []
+    merge_rows: list[int] = []
+    raw, live = wl.batch(batch), len(wl.live)
+    while True:
+        following, next_live = wl.batch(batch), len(wl.live)
+        b = bench.batch(raw, following, live, plain_first=len(batches) % 2 == 0)
+        batches.append(b)
+        merge_rows += [b.live] * len(b.merges)
+        print(f"batch {len(batches):>3}            : table {b.live:>9,}  (a) {b.plain_s:5.2f} s  "
+              f"(b) {b.loader_s:5.2f} s" + (f"  merge {b.merges[0]:.1f} s" if b.merges else ""))
+        raw, live = following, next_live
+        if b.live >= rows_to:
+            break
+    bench.plain(raw)  # the batch generated one ahead, not timed
+    bench.loader(raw, None)
+    return batches, merge_rows
 
 
 def run(args: argparse.Namespace, workdir: Path) -> int:
-    logs = workdir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    db = start_mariadb(workdir / "mariadb")
-    ns = None
+    t0 = time.monotonic()
+    cfg = LoaderConfig()
+    policy = MergePolicy(args.merge_rows or cfg.merge_rows, args.merge_s or cfg.merge_s)
+    spark = session("bench-loader", "local[2]", CatalogConfig(warehouse=str(workdir / "lake")),
+                    {"spark.driver.memory": args.driver_memory, "spark.local.dir": str(workdir / "spark")})
     try:
-        ns = start_nats(workdir / "nats")
-        print(f"MariaDB              : {db.query('SELECT VERSION()')[0][0]}; python {sys.version.split()[0]}, "
-              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-        with processes(logs) as procs:
-            last = prefill(db, ns.url, procs, args.rows)
-            loader = run_loader(ns.url, procs, workdir / "lake", last, args.batch_rows)
-            print(f"load average         : {os.getloadavg()[0]:.1f} after the loader run")
-            plain = asyncio.run(run_plain(ns.url, workdir / "plain", last, args.batch_rows))
-        report(loader, plain, args.batch_rows)
-        problems = check_lake(db, workdir / "lake", args.rows)
-        for p in problems:
-            print(f"CORRECTNESS: {p}")
-        return 1 if problems else 0
+        print(f"setup                : pyspark {pyspark.__version__}, {Path(iceberg_jars()[0]).name}, local[2], "
+              f"driver {args.driver_memory}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
+              f"Spark up in {time.monotonic() - t0:.1f} s")
+        print(f"workload             : {DB}.{TABLE}, 8 columns, key id; batches of {args.batch:,} changes "
+              f"(75% inserts, 20% updates, 5% deletes); MergePolicy(rows={policy.rows:,}, age_s={policy.age_s:g})")
+        clock = LoaderClock()
+        lake = TimedLake(spark, "lake", policy, clock=clock)
+        lake.open()
+        bench = Bench(spark, lake, clock, workdir / "plain")
+        wl = Workload(args.seed)
+        preload(bench, wl, args.preload, args.batch)
+        start = len(wl.live)
+        batches, merge_rows = measure(bench, wl, args.rows_to, args.batch)
+        report(batches, start, merge_rows)
+        problems = check(spark, wl, bench.plain_dir, bench.plain_rows)
     finally:
-        if ns is not None:
-            ns.stop()
-        db.stop()
+        stop(spark)
+    for p in problems:
+        print(f"CORRECTNESS: {p}")
+    print(f"wall time            : {time.monotonic() - t0:.0f} s (load average {os.getloadavg()[0]:.1f} at the end)")
+    return 1 if problems else 0
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=200_000, help="row changes to write (default 200000)")
-    ap.add_argument("--batch-rows", type=int, default=50_000, help="rows per batch (default 50000)")
-    ap.add_argument("--workdir", type=Path, help="keep servers' files, lake and logs here (default: temp, removed)")
+    ap = arguments(__doc__, "keep the lake and the Parquet files here (default: temp, removed)")
+    ap.add_argument("--rows-to", type=int, default=2_000_000, help="grow the table to this many rows (default 2M)")
+    ap.add_argument("--batch", type=int, default=50_000, help="row changes per batch (default 50000)")
+    ap.add_argument("--preload", type=int, default=100_000, help="rows loaded before timing (default 100000)")
+    ap.add_argument("--merge-rows", type=int, default=0, help="MergePolicy rows (default: LoaderConfig's)")
+    ap.add_argument("--merge-s", type=float, default=0.0, help="MergePolicy age_s (default: LoaderConfig's)")
+    ap.add_argument("--driver-memory", default="4g", help="spark.driver.memory (default 4g)")
+    ap.add_argument("--seed", type=int, default=42)
     args = ap.parse_args()
-    if args.workdir is not None:
-        sys.exit(run(args, args.workdir.resolve()))
-    workdir = Path(tempfile.mkdtemp(prefix="binlake-bench-loader-"))
-    try:
-        code = run(args, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    sys.exit(code)
+    if args.preload < max(10, args.batch // 10):
+        ap.error("--preload must be at least --batch / 10 (updates and deletes need live keys)")
+    if args.rows_to <= args.preload:
+        ap.error("--rows-to must be above --preload")
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)  # progress lines show up when piped
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    run_in_workdir(run, args, "binlake-bench-loader-")
 
 
 if __name__ == "__main__":

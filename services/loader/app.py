@@ -1,76 +1,24 @@
-"""Composition root of the loader: lease, store client, Spark lake, metrics.
-
-Loop: get a batch from the store, drop the events the lake already holds (a crash between
-commit and ack redelivers them), write and commit the rest in Spark (in a worker thread,
-the event loop stays free for NATS), then ack. The lake's commit pointer and the store's
-ack together make every change land exactly once.
-"""
+"""Composition root of the loader: lease, store client, Spark and the lake, metrics."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+import re
 
-import msgpack
-import structlog
 from pyspark.sql import SparkSession
 
-from services.loader import frames
 from services.loader.config import LoaderConfig
-from services.loader.lake import Lake
-from services.loader.spark import session
-from shared import jetstream
+from services.loader.lake import Lake, MergePolicy
+from services.loader.loader import Loader
+from services.loader.maintenance import Maintenance
+from services.loader.spark import session, stop
+from shared import jetstream, keys
 from shared.actor import run_all, supervise_call
 from shared.lease import Lease, bucket_ttl
 from shared.metrics import Registry
 from shared.service import runtime
-from shared.store_client import Batch, StoreClient
+from shared.store_client import StoreClient
 from shared.subjects import Names
-
-log = structlog.get_logger()
-
-
-class Loader:
-    def __init__(self, cfg: LoaderConfig, client: StoreClient, lake: Lake, registry: Registry) -> None:
-        self._cfg = cfg
-        self._client = client
-        self._lake = lake
-        self._rows = registry.counter("loader_rows_total", "Row changes committed to the lake")
-        self._batches = registry.counter("loader_batches_total", "Batches committed to the lake")
-        self._committed = registry.gauge("loader_committed_seq", "Last BINLAKE_CDC sequence in the lake")
-        self._seconds = registry.gauge("loader_last_batch_seconds", "Time to write and commit the last batch")
-        self.log = structlog.get_logger().bind(actor="loader")
-
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        committed = await loop.run_in_executor(None, self._lake.open)
-        acked = await self._client.subscribe(filter=self._cfg.filter, start="earliest")
-        self.log.info("loader.start", committed=committed, acked=acked)
-        while True:
-            batch = await self._client.get(self._cfg.batch_rows, self._cfg.flush_s)
-            if batch.id is None:
-                continue
-            await self._apply(batch)
-            await self._client.ack(batch.id)
-
-    async def _apply(self, batch: Batch) -> None:
-        assert batch.id is not None
-        committed = self._lake.committed
-        fresh = [(seq, msgpack.unpackb(raw, raw=False, strict_map_key=False))
-                 for seq, raw in zip(batch.seqs, batch.raw, strict=True) if seq > committed]
-        if batch.id <= committed:
-            return  # applied before a crash, not acked then
-        started = time.monotonic()
-        tables = frames.group(fresh)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._lake.apply, batch.id, list(tables.values()))
-        rows = sum(t.rows for t in tables.values())
-        self._rows.inc(rows)
-        self._batches.inc()
-        self._committed.set(batch.id)
-        self._seconds.set(time.monotonic() - started)
-        self.log.info("loader.committed", seq=batch.id, rows=rows, tables=len(tables),
-                      seconds=round(time.monotonic() - started, 2))
 
 
 async def main(cfg: LoaderConfig) -> None:
@@ -78,8 +26,8 @@ async def main(cfg: LoaderConfig) -> None:
     names = Names(cfg.prefix)
     async with runtime(cfg, "loader", registry) as nc:
         js = nc.jetstream()
-        leases = await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=cfg.lease_ttl_s)
-        lease = Lease(leases, f"loader.{cfg.source}.{cfg.client}", cfg.instance,
+        leases = await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=cfg.lease_ttl_s, replicas=cfg.replicas)
+        lease = Lease(leases, keys.loader_lease(cfg.source, cfg.client), cfg.instance,
                       await bucket_ttl(leases, cfg.lease_ttl_s))
         await lease.acquire()
         loop = asyncio.get_running_loop()
@@ -88,10 +36,15 @@ async def main(cfg: LoaderConfig) -> None:
         async def load() -> None:
             # Spark starts while the lease is being kept: starting takes longer than its TTL.
             spark.append(await loop.run_in_executor(None, lambda: session(
-                "binlake-loader", cfg.master, cfg.data_dir, cfg.root, cfg.spark_conf)))
-            lake = Lake(spark[0], cfg.database, cfg.root)
-            client = StoreClient(nc, cfg.client, source=cfg.source, prefix=cfg.prefix, timeout_s=30.0)
-            loader = Loader(cfg, client, lake, registry)
+                "binlake-loader", cfg.master, cfg.lake_catalog, cfg.spark_conf)))
+            pattern = re.compile(cfg.filter)
+            lake = Lake(spark[0], cfg.catalog, MergePolicy(cfg.merge_rows, cfg.merge_s),
+                        include=lambda db, table: pattern.fullmatch(f"{db}.{table}") is not None,
+                        views=cfg.catalog_type != "hadoop")
+            # An ack may wait behind the read-ahead's long poll: the store serves a client's verbs in turn.
+            client = StoreClient(nc, cfg.client, source=cfg.source, prefix=cfg.prefix, timeout_s=30.0 + cfg.flush_s)
+            maintenance = Maintenance(lake, cfg.maintenance_s, cfg.keep_snapshots_s)
+            loader = Loader(cfg, client, lake, maintenance, registry, js)
             await supervise_call(loader.run, cfg.restart, loader.log)
 
         try:
@@ -99,4 +52,4 @@ async def main(cfg: LoaderConfig) -> None:
         finally:
             await lease.release()
             if spark:
-                await loop.run_in_executor(None, spark[0].stop)
+                await loop.run_in_executor(None, stop, spark[0])

@@ -1,11 +1,13 @@
-"""LoaderConfig: Spark master and catalog, lake location, batch size and flush interval."""
+"""LoaderConfig: Spark master, the lake's Iceberg catalog, batch size, merge and maintenance schedule."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from services.loader.spark import CatalogConfig
 from shared import config
 from shared.errors import ConfigError
 
@@ -16,10 +18,18 @@ class LoaderConfig(config.ServiceConfig):
     filter: str = ".*"  # db.table regex of the tables to load
     master: str = "local[*]"
     data_dir: str = ".binlake"
-    warehouse: str = ""  # lake root; default <data_dir>/warehouse (any Hadoop URI works)
-    lake_db: str = ""  # Spark database; default binlake_<source>
+    warehouse: str = ""  # lake root; default <data_dir>/lake (any Hadoop URI works)
+    catalog: str = "lake"  # the Iceberg catalog's name in Spark SQL: <catalog>.<db>.<table>
+    catalog_type: str = "hadoop"  # hadoop | jdbc | rest | hive (Iceberg catalog types)
+    catalog_uri: str = ""  # jdbc:mysql://..., http://..., thrift://...
+    catalog_options: dict[str, str] = field(default_factory=dict)  # more spark.sql.catalog.<catalog>.* settings
     batch_rows: int = 50_000
     flush_s: float = 5.0
+    merge_rows: int = 1_000_000  # merge the changelog tail into the current table at this many rows...
+    merge_s: float = 300.0  # ...or when its oldest change is this old
+    maintenance_s: float = 3600.0  # compaction and snapshot expiry every so often (0: never)
+    keep_snapshots_s: float = 7 * 86400.0  # time travel window (older snapshots expire)
+    rename_wait_batches: int = 30  # reads ahead (of up to flush_s each) for the other half of a RENAME TABLE
     spark_conf: dict[str, str] = field(default_factory=dict)  # extra Spark settings
     lease_ttl_s: float = 15.0
     metrics_port: int = 9105
@@ -28,19 +38,28 @@ class LoaderConfig(config.ServiceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.batch_rows < 1:
-            raise ConfigError(f"BINLAKE_BATCH_ROWS must be >= 1, got {self.batch_rows}")
-        if self.flush_s <= 0:
-            raise ConfigError(f"BINLAKE_FLUSH_S must be > 0, got {self.flush_s}")
+        for name in ("batch_rows", "merge_rows"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"BINLAKE_{name.upper()} must be >= 1, got {getattr(self, name)}")
+        for name in ("flush_s", "merge_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"BINLAKE_{name.upper()} must be > 0, got {getattr(self, name)}")
+        if self.flush_s > 60:
+            raise ConfigError(f"BINLAKE_FLUSH_S must be at most 60 (the store's longest wait), got {self.flush_s}")
+        if self.catalog_type != "hadoop" and not (self.catalog_uri or self.catalog_options):
+            raise ConfigError(f"BINLAKE_CATALOG_TYPE={self.catalog_type} needs BINLAKE_CATALOG_URI "
+                              "(or BINLAKE_CATALOG_OPTIONS)")
 
     @property
     def root(self) -> str:
-        return self.warehouse or str(Path(self.data_dir).resolve() / "warehouse")
+        """The warehouse; a plain path made absolute, since executors resolve paths in their own directory."""
+        if self.warehouse and urlsplit(self.warehouse).scheme:
+            return self.warehouse
+        return str(Path(self.warehouse).resolve() if self.warehouse else Path(self.data_dir).resolve() / "lake")
 
     @property
-    def database(self) -> str:
-        return self.lake_db or f"binlake_{self.source}"
-
+    def lake_catalog(self) -> CatalogConfig:
+        return CatalogConfig(self.catalog, self.catalog_type, self.root, self.catalog_uri, dict(self.catalog_options))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LoaderConfig:

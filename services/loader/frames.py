@@ -1,16 +1,20 @@
-"""Pure (Arrow only): a batch of envelopes -> per-table changelog segments, columnar.
+"""Pure (Arrow only): a batch of envelopes -> per table, an ordered list of steps.
 
-Each changelog row is one row change: bookkeeping columns (`_op`, `_seq` the CDC sequence,
-`_row` the row's index in its event, `_scn`, `_ts`, `_pos`, `_gtid`) plus the table's
-columns (the after image; the before image for a delete). A segment holds the rows of one
-schema version, so an ALTER in the middle of a batch just starts a new segment. Updates
-that change the primary key also carry the old key (`_prev_key_*`) so the snapshot can
-remove it.
+A step is either a `Rows` run (row changes between two DDL statements of that table, in
+segments of one schema version each) or a `Ddl` (one DDL envelope with the parser's
+structured `alter` description). The loader appends each run to the table's changelog and
+applies each DDL in between, so schema changes keep their place among the rows.
+
+A changelog row is one row change: bookkeeping columns (`_binlake_op`, `_binlake_seq` the
+CDC sequence, `_binlake_row` the row's index in its event, `_binlake_scn`, `_binlake_ts`,
+`_binlake_pos`, `_binlake_gtid`, `_binlake_ddl`) plus the table's columns (the after
+image; the before image for a delete) plus `_binlake_prev_<column>` for the before image
+the current-state table needs: the old key of an update that moved its primary key, and the
+whole old row of an update of a table without a key (which removes one matching row).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,73 +24,120 @@ import pyarrow as pa
 from services.loader.types import to_array
 
 ROW_OPS = frozenset({"i", "u", "d", "r"})
-_RESETS = re.compile(r"^\s*(?:DROP\s+(?:TEMPORARY\s+)?TABLE|TRUNCATE)\b", re.I)
-_NAME = r"`(?:[^`]|``)+`|[\w$]+"
-_RENAME_COLUMN = re.compile(rf"\bRENAME\s+COLUMN\s+({_NAME})\s+TO\s+({_NAME})", re.I)
-_CHANGE_COLUMN = re.compile(rf"\bCHANGE\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?({_NAME})\s+({_NAME})", re.I)
-
-
-def column_renames(ddl: str) -> list[tuple[str, str]]:
-    """(old, new) column names an ALTER TABLE renames."""
-    def plain(name: str) -> str:
-        return name[1:-1].replace("``", "`") if name.startswith("`") else name
-
-    found = _RENAME_COLUMN.findall(ddl) + _CHANGE_COLUMN.findall(ddl)
-    return [(plain(a), plain(b)) for a, b in found if plain(a) != plain(b)]
+BOOK_PREFIX = "_binlake_"
+PREV = "_binlake_prev_"
+OP, SEQ, ROW, DDL_TEXT = "_binlake_op", "_binlake_seq", "_binlake_row", "_binlake_ddl"
 BOOKKEEPING = pa.schema([
-    ("_op", pa.string()), ("_seq", pa.int64()), ("_row", pa.int32()), ("_scn", pa.int64()),
-    ("_ts", pa.timestamp("ms", tz="UTC")), ("_pos", pa.string()), ("_gtid", pa.string()),
+    (OP, pa.string()), (SEQ, pa.int64()), (ROW, pa.int32()), ("_binlake_scn", pa.int64()),
+    ("_binlake_ts", pa.timestamp("ms", tz="UTC")), ("_binlake_pos", pa.string()), ("_binlake_gtid", pa.string()),
+    (DDL_TEXT, pa.string()),
 ])
-PREV_KEY = "_prev_key_"
 
 
 @dataclass
 class Segment:
+    """Rows of one schema version."""
+
     columns: list[dict[str, Any]]
+    prev: list[str]  # the columns whose before image is kept (key columns, or all of a keyless table)
     book: dict[str, list[Any]] = field(default_factory=lambda: {f.name: [] for f in BOOKKEEPING})
     values: dict[str, list[Any]] = field(default_factory=dict)
-    prev_keys: dict[str, list[Any]] = field(default_factory=dict)
+    prev_values: dict[str, list[Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.values = {c["name"]: [] for c in self.columns}
+        self.prev_values = {k: [] for k in self.prev}
+
+    @property
+    def rows(self) -> int:
+        return len(self.book[OP])
 
     def to_arrow(self) -> pa.Table:
         arrays = [pa.array(self.book[f.name], f.type) for f in BOOKKEEPING]
         names = [f.name for f in BOOKKEEPING]
+        by_name = {c["name"]: c for c in self.columns}
         for col in self.columns:
             arrays.append(to_array(self.values[col["name"]], col))
             names.append(col["name"])
-        for name in self.prev_keys:  # this segment's own key (a batch may hold a primary key change)
-            col = next(c for c in self.columns if c["name"] == name)
-            arrays.append(to_array(self.prev_keys[name], col))
-            names.append(PREV_KEY + name)
+        for name in self.prev:
+            arrays.append(to_array(self.prev_values[name], by_name[name]))
+            names.append(PREV + name)
         return pa.table(arrays, names=names)
+
+
+@dataclass
+class Rows:
+    """Row changes of one table between DDL statements, in order."""
+
+    pk: list[str] = field(default_factory=list)
+    segments: list[tuple[str, Segment]] = field(default_factory=list)  # (schema id, rows)
+    _arrow: list[pa.Table] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for _, s in self.segments)
+
+    @property
+    def last_seq(self) -> int:
+        return int(self.segments[-1][1].book[SEQ][-1])
+
+    @property
+    def columns(self) -> list[dict[str, Any]]:
+        """The newest schema's columns."""
+        return self.segments[-1][1].columns
+
+    def arrow_segments(self) -> list[pa.Table]:
+        """The segments as Arrow tables (built once: `prepare` builds them ahead of the write)."""
+        if self._arrow is None:
+            self._arrow = [seg.to_arrow() for _, seg in self.segments]
+        return self._arrow
+
+
+@dataclass(frozen=True)
+class Ddl:
+    seq: int
+    env: dict[str, Any]
+
+    @property
+    def sql(self) -> str:
+        return str(self.env.get("ddl") or "")
+
+    @property
+    def alter(self) -> dict[str, Any]:
+        return dict(self.env.get("alter") or {"kind": "other", "ops": [], "renames": []})
+
+
+Step = Rows | Ddl
 
 
 @dataclass
 class TableChanges:
     db: str
     table: str
-    pk: list[str] = field(default_factory=list)
-    columns: list[dict[str, Any]] = field(default_factory=list)  # the newest schema seen
-    segments: list[tuple[str, Segment]] = field(default_factory=list)  # (schema id, segment)
-    ddl: list[tuple[int, str]] = field(default_factory=list)
-    reset_seq: int = 0  # a DROP/TRUNCATE at this CDC sequence empties the snapshot
-    renames: list[tuple[str, str]] = field(default_factory=list)  # column renames, in order
+    steps: list[Step] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
-        return sum(len(s.book["_op"]) for _, s in self.segments)
-
-    def arrow_segments(self) -> list[pa.Table]:
-        return [seg.to_arrow() for _, seg in self.segments]
+        return sum(s.rows for s in self.steps if isinstance(s, Rows))
 
 
-def _segment(changes: TableChanges, schema: dict[str, Any]) -> Segment:
-    sid = str(schema.get("id", ""))
-    if not changes.segments or changes.segments[-1][0] != sid:
-        seg = Segment(list(schema["columns"]))
-        seg.values = {c["name"]: [] for c in seg.columns}
-        seg.prev_keys = {k: [] for k in changes.pk}
-        changes.segments.append((sid, seg))
-    return changes.segments[-1][1]
+@dataclass(frozen=True)
+class Prepared:
+    """A unit's events, grouped by table with every run already in Arrow."""
+
+    events: list[tuple[int, dict[str, Any]]]
+    tables: dict[tuple[str, str], TableChanges]
+
+
+def prepare(events: Iterable[tuple[int, dict[str, Any]]]) -> Prepared:
+    """`group` plus the Arrow of every run: the Python half of a write, which can run ahead of Spark."""
+    listed = list(events)
+    tables = group(listed)
+    for changes in tables.values():
+        for step in changes.steps:
+            if isinstance(step, Rows):
+                step.arrow_segments()
+    return Prepared(listed, tables)
 
 
 def group(events: Iterable[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str], TableChanges]:
@@ -98,34 +149,42 @@ def group(events: Iterable[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str],
             continue
         changes = out.setdefault((db or "", table), TableChanges(db or "", table))
         if op == "ddl":
-            changes.ddl.append((seq, env.get("ddl") or ""))
-            if _RESETS.match(env.get("ddl") or ""):
-                changes.reset_seq = seq
-            changes.renames += column_renames(env.get("ddl") or "")
+            changes.steps.append(Ddl(seq, env))
             continue
+        if not changes.steps or not isinstance(changes.steps[-1], Rows):
+            changes.steps.append(Rows())
+        run = changes.steps[-1]
+        assert isinstance(run, Rows)
+        pk = list(env.get("pk") or [])
         schema = env["schema"]
-        changes.pk = list(env.get("pk") or [])
-        changes.columns = list(schema["columns"])
-        _add_rows(_segment(changes, schema), changes.pk, seq, env)
+        sid = f"{schema.get('id', '')}/{','.join(pk)}"
+        if not run.segments or run.segments[-1][0] != sid:
+            columns = list(schema["columns"])
+            run.segments.append((sid, Segment(columns, pk or [c["name"] for c in columns])))
+        run.pk = pk
+        _add_rows(run.segments[-1][1], pk, seq, env)
     return out
 
 
 def _add_rows(seg: Segment, pk: list[str], seq: int, env: dict[str, Any]) -> None:
     pos = env.get("pos") or {}
     op = env["op"]
+    book = seg.book
+    where = f"{pos.get('file')}:{pos.get('offset')}"
     for i, row in enumerate(env["rows"]):
         image = row["before"] if op == "d" else row["after"]
-        book = seg.book
-        book["_op"].append(op)
-        book["_seq"].append(seq)
-        book["_row"].append(i)
-        book["_scn"].append(env["scn"])
-        book["_ts"].append(env["ts"])
-        book["_pos"].append(f"{pos.get('file')}:{pos.get('offset')}")
-        book["_gtid"].append(pos.get("gtid"))
+        book[OP].append(op)
+        book[SEQ].append(seq)
+        book[ROW].append(i)
+        book["_binlake_scn"].append(env["scn"])
+        book["_binlake_ts"].append(env["ts"])
+        book["_binlake_pos"].append(where)
+        book["_binlake_gtid"].append(pos.get("gtid"))
+        book[DDL_TEXT].append(None)
         for name, values in seg.values.items():
             values.append(image.get(name))
         before = row.get("before") if op == "u" else None
-        moved = before is not None and any(before.get(k) != image.get(k) for k in pk)
-        for k in pk:
-            seg.prev_keys[k].append(before.get(k) if moved and before is not None else None)
+        # Keyed: the old key only when the update moved it. Keyless: the whole old row.
+        keep = before is not None and (not pk or any(before.get(k) != image.get(k) for k in pk))
+        for k, values in seg.prev_values.items():
+            values.append(before.get(k) if keep and before is not None else None)

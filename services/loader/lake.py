@@ -1,287 +1,332 @@
-"""The lake on Spark: per source table a changelog and a snapshot, switched atomically.
-
-Layout under `root` (any Hadoop file system):
+"""The lake: per source table an Iceberg changelog and a current-state table.
 
 ```
-<root>/<name>/changelog/_batch=<seq>/      every change, append-only, one folder per batch
-<root>/<name>/snapshot/_version=<seq>/     the whole current table, one folder per version
-<root>/_binlake_commit.json                {"seq": <last committed CDC sequence>}
+<catalog>.<db>.<table>__changelog   append-only: every change (and DDL) with its bookkeeping columns
+<catalog>.<db>.<table>              current rows; MERGE INTO from the changelog tail
+<catalog>._binlake.commits          one row per batch every table it touched has committed
 ```
+(names escaped by `naming.escape`). A batch costs one append per table it touches. The
+current table is brought up to date by a MERGE of the changelog tail when the tail is
+large or old enough (`MergePolicy`) and before every DDL that changes columns or data;
+`merges.live_sql` overlays the un-merged tail for readers who need the newest state.
 
-A batch writes its new folders first (invisible: they are above the committed sequence),
-registers them as partitions, and then commits by switching ONE pointer: the view
-`<db>._binlake_commit` in the catalog and the commit file beside the data (write +
-rename). The catalog views `<name>` (snapshot) and `<name>__changelog` read only what is at
-or below that pointer, so every table of a batch becomes visible at once or not at all.
-After a crash, folders above the pointer are dropped and the batch is done again.
+Exactly once: every commit carries the table's `Marker` (source order key of its last
+change, and the batch). A redelivered change at or below a table's changelog marker is
+skipped; the current table's marker says where the tail starts.
+
+RENAME TABLE travels on both tables' subjects, which are routed independently, so the two
+halves may reach BINLAKE_CDC in either order: each named table stops at the statement
+until all have reached it (`pending_renames` asks the loader for more batches), then the
+lake tables are renamed and the streams go on.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import structlog
-from pyspark.sql import DataFrame, SparkSession, Window
-from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql import SparkSession
 
-from services.loader.frames import BOOKKEEPING, PREV_KEY, TableChanges
-from services.loader.types import spark_type
+from services.loader import frames, schema_change
+from services.loader.frames import Ddl, Rows
+from services.loader.iceberg import Iceberg, Marker
+from services.loader.merges import Fold, live_sql, merge_sql
+from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, RENAMES_TABLE, TableNames, quote, source_of
+from services.loader.tables import LakeTable, arrow_to_spark
 
-COMMIT_FILE = "_binlake_commit.json"
-KEEP_VERSIONS = 2
 
+@dataclass(frozen=True)
+class MergePolicy:
+    """When the current table is brought up to date from the changelog tail."""
 
-def lake_name(db: str, table: str) -> str:
-    """The lake table name of a source table: `<db>__<table>`, lower case, [a-z0-9_] only."""
-    return re.sub(r"[^a-z0-9_]", "_", f"{db}__{table}".lower())
+    rows: int = 1_000_000  # tail rows
+    age_s: float = 300.0  # seconds since the oldest un-merged change was appended
 
 
 @dataclass
-class _Table:
-    name: str
-    versions: list[int]  # committed snapshot versions, ascending
-    columns: dict[str, str]  # data column -> Spark type, in order
-
-
 class Lake:
-    def __init__(self, spark: SparkSession, database: str, root: str) -> None:
-        self.spark = spark
-        self.db = database
-        self.root = root.rstrip("/")
-        self.committed = 0
-        self._tables: dict[str, _Table] = {}
+    spark: SparkSession
+    catalog: str
+    policy: MergePolicy = field(default_factory=MergePolicy)
+    include: Callable[[str, str], bool] = lambda db, table: True  # the loader's filter
+    views: bool = False  # publish `__live` views (catalogs that store views: REST, JDBC, Nessie)
+    clock: Callable[[], float] = time.monotonic
+    committed: int = 0  # the last batch every touched table committed (from the commits table)
+    resnapshot: list[tuple[str, str, str]] = field(default_factory=list)  # (db, table, why) to re-read
+
+    def __post_init__(self) -> None:
+        self.ice = Iceberg(self.spark, self.catalog)
+        self._tables: dict[tuple[str, str], LakeTable | None] = {}
+        self._views = self.views
+        self._renamed: dict[tuple[str, str], int] = {}  # (db, table) -> scn of its last RENAME away
         self.log = structlog.get_logger().bind(actor="lake")
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None
-        self._jvm = jvm
-        self._fs = jvm.org.apache.hadoop.fs.Path(self.root).getFileSystem(
-            spark.sparkContext._jsc.hadoopConfiguration())
 
-    # -- files ------------------------------------------------------------------------
+    @property
+    def renames(self) -> str:
+        return f"{quote(self.catalog)}.{quote(BOOK_NAMESPACE)}.{quote(RENAMES_TABLE)}"
 
-    def _path(self, *parts: str) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path("/".join([self.root, *parts]))
+    @property
+    def commits(self) -> str:
+        return f"{quote(self.catalog)}.{quote(BOOK_NAMESPACE)}.{quote(COMMITS_TABLE)}"
 
-    def _read_text(self, rel: str) -> str | None:
-        path = self._path(rel)
-        if not self._fs.exists(path):
-            return None
-        stream = self._fs.open(path)
-        try:
-            reader = self._jvm.java.io.BufferedReader(self._jvm.java.io.InputStreamReader(stream, "UTF-8"))
-            return str(reader.readLine())
-        finally:
-            stream.close()
-
-    def _write_atomic(self, rel: str, text: str) -> None:
-        tmp, final = self._path(rel + ".tmp"), self._path(rel)
-        out = self._fs.create(tmp, True)
-        try:
-            out.write(bytearray(text.encode()))
-        finally:
-            out.close()
-        self._fs.delete(final, False)
-        if not self._fs.rename(tmp, final):
-            raise OSError(f"could not rename {tmp} to {final}")
-
-    def _delete(self, rel: str) -> None:
-        self._fs.delete(self._path(rel), True)
-
-    # -- start-up ----------------------------------------------------------------------
+    # -- start-up ------------------------------------------------------------------------------
 
     def open(self) -> int:
-        """Create the database, read the commit pointer, drop whatever a crash left above it."""
-        self.spark.sql(f"CREATE DATABASE IF NOT EXISTS `{self.db}`")
-        self.committed = self._read_commit()
-        self._set_commit_view(self.committed)
-        for row in self.spark.sql(f"SHOW TABLES IN `{self.db}`").collect():
-            name = str(row.tableName)
-            if name.endswith("__snapshot_all"):
-                self._recover(name[: -len("__snapshot_all")])
+        self.ice.create_namespace(BOOK_NAMESPACE)
+        self.ice.create(self.commits, {"seq": "bigint", "committed_at": "timestamp", "tables": "int",
+                                       "rows": "bigint"}, {})
+        self.ice.create(self.renames, {"old_db": "string", "old_table": "string", "new_db": "string",
+                                       "new_table": "string", "scn": "bigint"}, {})
+        row = self.spark.sql(f"SELECT max(seq) FROM {self.commits}").collect()[0][0]
+        self.committed = int(row or 0)
+        for r in self.spark.sql(f"SELECT old_db, old_table, max(scn) FROM {self.renames} GROUP BY 1, 2").collect():
+            self._renamed[(str(r[0]), str(r[1]))] = int(r[2])
+        for ns in self.ice.namespaces():  # every table, so that un-merged tails are merged after a restart
+            for ident in self.ice.tables(ns):
+                found = source_of(ns, ident)
+                if found is not None and found[2] == "changelog":
+                    self.table(found[0], found[1])
         return self.committed
 
-    def _read_commit(self) -> int:
-        text = self._read_text(COMMIT_FILE)
-        if text is not None:
-            return int(json.loads(text)["seq"])
-        # A kill between `_write_atomic` deleting the old pointer and renaming the new one
-        # leaves the new one, complete, in the .tmp file (a .tmp cut short while being written
-        # still has its old pointer beside it, unless it was the very first commit).
-        text = self._read_text(COMMIT_FILE + ".tmp")
-        try:
-            return int(json.loads(text)["seq"]) if text else 0
-        except (ValueError, KeyError, TypeError):
-            return 0
+    def table(self, db: str, name: str) -> LakeTable | None:
+        """The lake table of a source table (None before its first change)."""
+        key = (db, name)
+        if key not in self._tables:
+            self._tables[key] = LakeTable.load(self.ice, TableNames(self.catalog, db, name))
+        return self._tables[key]
 
-    def _recover(self, name: str) -> None:
-        versions = self._partitions(f"{name}__snapshot_all", "_version")
-        for kind, column in (("snapshot", "_version"), ("changelog", "_batch")):
-            for value in self._partitions(f"{name}__{kind}_all", column):
-                if value > self.committed:
-                    self._drop_partition(name, kind, column, value)
-            # Folders written but not registered yet when the crash came (file readers see them).
-            folder = self._path(name, kind)
-            if self._fs.exists(folder):
-                for status in self._fs.listStatus(folder):
-                    part = str(status.getPath().getName())
-                    value_text = part[len(column) + 1:]
-                    if part.startswith(column + "=") and value_text.isdigit() and int(value_text) > self.committed:
-                        self._fs.delete(status.getPath(), True)
-        columns = {f.name: f.dataType.simpleString() for f in self.spark.table(f"`{self.db}`.`{name}__snapshot_all`")
-                   .schema.fields if f.name != "_version"}
-        self._tables[name] = _Table(name, sorted(v for v in versions if v <= self.committed), columns)
-
-    def _partitions(self, table: str, column: str) -> list[int]:
-        rows = self.spark.sql(f"SHOW PARTITIONS `{self.db}`.`{table}`").collect()
-        return sorted(int(str(r[0]).split("=", 1)[1]) for r in rows if str(r[0]).startswith(column + "="))
-
-    def _drop_partition(self, name: str, kind: str, column: str, value: int) -> None:
-        self.spark.sql(f"ALTER TABLE `{self.db}`.`{name}__{kind}_all` DROP IF EXISTS PARTITION ({column}={value})")
-        self._delete(f"{name}/{kind}/{column}={value}")
-
-    # -- one batch --------------------------------------------------------------------
-
-    def apply(self, seq: int, tables: Iterable[TableChanges]) -> None:
-        """Write a batch ending at CDC sequence `seq` and commit it."""
-        for changes in tables:
-            self._write_table(seq, changes)
-        self.commit(seq)
-
-    def commit(self, seq: int) -> None:
-        self._set_commit_view(seq)
-        self._write_atomic(COMMIT_FILE, json.dumps({"seq": seq}))
-        self.committed = seq
-        for table in self._tables.values():
-            for old in table.versions[:-KEEP_VERSIONS]:
-                self._drop_partition(table.name, "snapshot", "_version", old)
-            table.versions = table.versions[-KEEP_VERSIONS:]
-
-    def _set_commit_view(self, seq: int) -> None:
-        self.spark.sql(f"CREATE OR REPLACE VIEW `{self.db}`.`_binlake_commit` AS SELECT CAST({seq} AS BIGINT) AS seq")
-
-    def _write_table(self, seq: int, changes: TableChanges) -> None:
-        name = lake_name(changes.db, changes.table)
-        table = self._tables.get(name)
-        if not changes.segments and (not changes.reset_seq or table is None) and not changes.renames:
-            return  # DDL only: the data changes with the next rows (new columns come with them)
-        types = {c["name"]: spark_type(c) for c in changes.columns}
-        changelog = self._changelog_frame(changes, types)
-        if table is None:
-            table = self._create(name, types)
-        renamed = {new: table.columns[old] for old, new in changes.renames
-                   if old in table.columns and new not in table.columns and new not in types}
-        if any(c not in table.columns for c in types) or renamed:
-            self._add_columns(table, {**types, **renamed})
-        if changelog is not None:
-            book = [F.col(f.name) for f in BOOKKEEPING]
-            data = [F.col(f"`{c}`") for c in types]
-            self._write_partition(changelog.select(*book, *data), name, "changelog", "_batch", seq)
-        snapshot = self._next_snapshot(table, changes, changelog)
-        self._write_partition(snapshot, name, "snapshot", "_version", seq)
-        table.versions.append(seq)
-
-    def _changelog_frame(self, changes: TableChanges, types: dict[str, str]) -> DataFrame | None:
-        frames = []
-        for arrow in changes.arrow_segments():
-            df = self.spark.createDataFrame(arrow)
-            casts = [F.col(f"`{c}`").cast(types.get(c, "string")).alias(c) if c in types else F.col(f"`{c}`")
-                     for c in df.columns]
-            frames.append(df.select(*casts))
-        if not frames:
-            return None
-        out = frames[0]
-        for df in frames[1:]:
-            out = out.unionByName(df, allowMissingColumns=True)
-        return out
-
-    def _next_snapshot(self, table: _Table, changes: TableChanges, changelog: DataFrame | None) -> DataFrame:
-        """Previous version + this batch's changes: per key the last change wins, deletes remove."""
-        data_cols = list(table.columns)
-        key = changes.pk or data_cols
-        empty = self.spark.createDataFrame([], self._schema(table.columns))
-        prev = empty
-        if table.versions and not changes.reset_seq:
-            prev = self.spark.read.schema(self._schema(table.columns)).parquet(
-                self._path(table.name, "snapshot", f"_version={table.versions[-1]}").toString())
-        for old, new in changes.renames:
-            # Rows written before a RENAME COLUMN keep their value under the new name too.
-            if old in prev.columns and new in prev.columns:
-                prev = prev.withColumn(new, F.coalesce(F.col(f"`{new}`"), F.col(f"`{old}`")))
-        prev = prev.withColumn("_ord", F.lit(-1).cast("bigint")).withColumn("_del", F.lit(False))
-        if changelog is None:
-            return prev.filter(F.lit(False)).select(*[F.col(f"`{c}`") for c in data_cols]) \
-                if changes.reset_seq else prev.select(*[F.col(f"`{c}`") for c in data_cols])
-        ch = changelog
-        if changes.reset_seq:
-            ch = ch.filter(F.col("_seq") > changes.reset_seq)
-        order = (F.col("_seq") * F.lit(1_000_000) + F.col("_row")) * F.lit(2) + F.lit(1)
-        rows = ch.select(*[F.col(f"`{c}`") for c in data_cols if c in ch.columns],
-                         order.alias("_ord"), (F.col("_op") == "d").alias("_del"))
-        moved = [ch.filter(F.col(f"`{PREV_KEY}{k}`").isNotNull()) for k in changes.pk[:1]]
-        parts = [prev, rows]
-        for m in moved:  # an update that changed the key removes the old key just before it
-            parts.append(m.select(*[F.col(f"`{PREV_KEY}{k}`").alias(k) for k in changes.pk],
-                                  ((F.col("_seq") * F.lit(1_000_000) + F.col("_row")) * F.lit(2)).alias("_ord"),
-                                  F.lit(True).alias("_del")))
-        merged = parts[0]
-        for p in parts[1:]:
-            merged = merged.unionByName(p, allowMissingColumns=True)
-        w = Window.partitionBy(*[F.col(f"`{k}`") for k in key]).orderBy(F.col("_ord").desc())
-        latest = merged.withColumn("_rank", F.row_number().over(w)).filter("_rank = 1 AND NOT _del")
-        return latest.select(*[F.col(f"`{c}`").cast(t).alias(c) for c, t in table.columns.items()])
-
-    def _write_partition(self, df: DataFrame, name: str, kind: str, column: str, value: int) -> None:
-        path = self._path(name, kind, f"{column}={value}").toString()
-        df.write.mode("overwrite").parquet(path)
-        self.spark.sql(f"ALTER TABLE `{self.db}`.`{name}__{kind}_all` ADD IF NOT EXISTS "
-                       f"PARTITION ({column}={value}) LOCATION '{path}'")
-
-    # -- catalog ----------------------------------------------------------------------
-
-    @staticmethod
-    def _schema(columns: dict[str, str]) -> StructType:
-        schema = StructType.fromDDL(", ".join(f"`{c}` {t}" for c, t in columns.items()))
-        assert isinstance(schema, StructType)
-        return schema
-
-    def _create(self, name: str, types: dict[str, str]) -> _Table:
-        cols = ", ".join(f"`{c}` {t}" for c, t in types.items())
-        book = ", ".join(f"`{f.name}` {_book_type(f.name)}" for f in BOOKKEEPING)
-        base = self._path(name).toString()
-        self.spark.sql(f"CREATE TABLE IF NOT EXISTS `{self.db}`.`{name}__changelog_all` ({book}, {cols}, "
-                       f"_batch BIGINT) USING parquet PARTITIONED BY (_batch) LOCATION '{base}/changelog'")
-        self.spark.sql(f"CREATE TABLE IF NOT EXISTS `{self.db}`.`{name}__snapshot_all` ({cols}, _version BIGINT) "
-                       f"USING parquet PARTITIONED BY (_version) LOCATION '{base}/snapshot'")
-        table = _Table(name, [], dict(types))
-        self._tables[name] = table
-        self._create_views(table)
+    def _create(self, db: str, name: str, columns: Sequence[Mapping[str, Any]], key: Sequence[str]) -> LakeTable:
+        self.ice.create_namespace(TableNames(self.catalog, db, name).namespace)
+        table = LakeTable.create(self.ice, TableNames(self.catalog, db, name), columns, key)
+        self._tables[(db, name)] = table
+        self.publish_view(table)
         return table
 
-    def _add_columns(self, table: _Table, types: dict[str, str]) -> None:
-        new = {c: t for c, t in types.items() if c not in table.columns}
-        cols = ", ".join(f"`{c}` {t}" for c, t in new.items())
-        for kind in ("changelog", "snapshot"):
-            self.spark.sql(f"ALTER TABLE `{self.db}`.`{table.name}__{kind}_all` ADD COLUMNS ({cols})")
-        table.columns.update(new)
-        self.log.info("lake.columns_added", table=table.name, columns=sorted(new))
-        self._create_views(table)
+    # -- one unit of work (one batch, or several when a RENAME is split across them) ----------
 
-    def _create_views(self, table: _Table) -> None:
-        cols = ", ".join(f"`{c}`" for c in table.columns)
-        commit = f"(SELECT seq FROM `{self.db}`.`_binlake_commit`)"
-        snap = f"`{self.db}`.`{table.name}__snapshot_all`"
-        self.spark.sql(f"CREATE OR REPLACE VIEW `{self.db}`.`{table.name}` AS SELECT {cols} FROM {snap} "
-                       f"WHERE _version = (SELECT max(_version) FROM {snap} WHERE _version <= {commit})")
-        book = ", ".join(f"`{f.name}`" for f in BOOKKEEPING)
-        self.spark.sql(f"CREATE OR REPLACE VIEW `{self.db}`.`{table.name}__changelog` AS SELECT {book}, {cols} "
-                       f"FROM `{self.db}`.`{table.name}__changelog_all` WHERE _batch <= {commit}")
+    def pending_renames(self, events: Sequence[tuple[int, dict[str, Any]]]) -> list[str]:
+        """RENAME statements not every named (loaded) table has reached yet."""
+        seen: dict[int, set[tuple[str, str]]] = {}
+        needed: dict[int, set[tuple[str, str]]] = {}
+        for _, env in events:
+            if env.get("op") != "ddl" or not (env.get("alter") or {}).get("renames"):
+                continue
+            scn = int(env["scn"])
+            seen.setdefault(scn, set()).add((env.get("db") or "", env.get("table") or ""))
+            needed[scn] = {(str(r[i]), str(r[i + 1])) for r in env["alter"]["renames"] for i in (0, 2)
+                           if self.include(str(r[i]), str(r[i + 1]))}
+        out = []
+        for scn, names in needed.items():
+            missing = names - seen[scn]
+            if missing and not self._rename_applied(scn, needed[scn]):
+                out.append(f"scn {scn}: waiting for {sorted(missing)}")
+        return out
+
+    def _gone(self, db: str, name: str, scn: int) -> bool:
+        """A change of a table from before a RENAME that moved it away (the lake has it under the new name)."""
+        return scn <= self._renamed.get((db, name), -1)
+
+    def _rename_applied(self, scn: int, names: set[tuple[str, str]]) -> bool:
+        if any(self._gone(db, name, scn) for db, name in names):
+            return True
+        for db, name in names:
+            t = self.table(db, name)
+            if t is not None and t.appended.scn >= scn:
+                return True
+        return False
+
+    def apply(self, batch: int, events: Sequence[tuple[int, dict[str, Any]]] | frames.Prepared) -> int:
+        """Write a unit ending at CDC sequence `batch`; returns the row changes written."""
+        prepared = events if isinstance(events, frames.Prepared) else frames.prepare(events)
+        queues = {k: list(v.steps) for k, v in prepared.tables.items()}
+        written, touched = 0, set[tuple[str, str]]()
+        while True:
+            progressed = False
+            for key, steps in queues.items():
+                while steps:
+                    step = steps[0]
+                    if isinstance(step, Ddl) and step.alter.get("renames"):
+                        break  # a barrier: handled below once every named table has reached it
+                    steps.pop(0)
+                    written += self._step(key, step, batch, touched)
+                    progressed = True
+            progressed |= self._renames(queues, batch, touched)
+            if not progressed:
+                break
+        stuck = {k: s for k, s in queues.items() if s}
+        for key, steps in stuck.items():  # halves that never came: rename with what is here
+            head = steps[0]
+            self.log.warning("lake.rename_incomplete", db=key[0], table=key[1],
+                             ddl=head.sql if isinstance(head, Ddl) else None)
+            for step in steps:
+                written += self._step(key, step, batch, touched, force=True)
+        self.merge_due(batch)
+        # A unit the tables already held (a kill between their commits and this record) is
+        # still recorded: the record, not the tables' markers, says how far the lake is.
+        if touched or batch > self.committed:
+            self._record(batch, len(touched), written)
+        self.committed = max(self.committed, batch)
+        return written
+
+    def _step(self, key: tuple[str, str], step: frames.Step, batch: int, touched: set[tuple[str, str]],
+              force: bool = False) -> int:
+        db, name = key
+        if isinstance(step, Rows):
+            return self._rows(db, name, step, batch, touched)
+        if self._gone(db, name, int(step.env["scn"])):
+            return 0
+        if step.alter.get("renames") and force:
+            self._rename_pairs(step, batch, touched)
+            return 0
+        table = self.table(db, name)
+        if table is not None and (step.env["scn"], step.seq) <= table.appended.order:
+            return 0
+        table = schema_change.apply(self, db, name, table, step, batch)
+        if table is not None:
+            table.record_ddl(self.ice, step, batch)
+            self.publish_view(table)
+            touched.add((table.names.db, table.names.table))
+        return 0
+
+    def _rows(self, db: str, name: str, run: Rows, batch: int, touched: set[tuple[str, str]]) -> int:
+        table = self.table(db, name)
+        pieces = run.arrow_segments()
+        if (db, name) in self._renamed:
+            pieces = [_after(t, Marker(self._renamed[(db, name)], 1 << 62)) for t in pieces]
+        if table is not None:
+            pieces = [_after(t, table.appended) for t in pieces]
+        pieces = [t for t in pieces if t.num_rows]
+        if not pieces:
+            return 0
+        columns = run.columns
+        if table is None:
+            table = self._create(db, name, columns, run.pk)
+        table.conform(self, columns, run.pk)
+        rows = sum(t.num_rows for t in pieces)
+        last = pieces[-1]
+        marker = Marker(int(last["_binlake_scn"][-1].as_py()), int(last[frames.SEQ][-1].as_py()),
+                        max(batch, table.appended.batch))
+        frame = None
+        for piece in pieces:
+            df = arrow_to_spark(self.spark, piece, table.changelog_columns)
+            frame = df if frame is None else frame.unionByName(df)
+        assert frame is not None
+        table.append(self.ice, frame, marker, rows, self.clock())
+        touched.add((db, name))
+        return int(rows)
+
+    # -- renames ---------------------------------------------------------------------------------
+
+    def _renames(self, queues: dict[tuple[str, str], list[frames.Step]], batch: int,
+                 touched: set[tuple[str, str]]) -> bool:
+        heads: dict[int, list[tuple[tuple[str, str], Ddl]]] = {}
+        for key, steps in queues.items():
+            if steps and isinstance(steps[0], Ddl) and steps[0].alter.get("renames"):
+                heads.setdefault(int(steps[0].env["scn"]), []).append((key, steps[0]))
+        progressed = False
+        for _scn, members in sorted(heads.items()):
+            step = members[0][1]
+            needed = {(str(r[i]), str(r[i + 1])) for r in step.alter["renames"] for i in (0, 2)
+                      if self.include(str(r[i]), str(r[i + 1]))}
+            if not needed <= {k for k, _ in members} and not self._rename_applied(_scn, needed):
+                continue
+            latest = max((s for _, s in members), key=lambda s: s.seq)
+            self._rename_pairs(latest, batch, touched)
+            for key, _ in members:
+                queues[key].pop(0)
+            progressed = True
+        return progressed
+
+    def _rename_pairs(self, step: Ddl, batch: int, touched: set[tuple[str, str]]) -> None:
+        for old_db, old, new_db, new in step.alter["renames"]:
+            source = self.table(old_db, old)
+            target = self.table(new_db, new)
+            order = (int(step.env["scn"]), step.seq)
+            if target is not None and target.appended.order >= order:
+                continue  # done before a crash
+            if source is None:
+                continue  # nothing loaded under the old name: the new name starts fresh
+            self.flush(source, batch)
+            scn = int(step.env["scn"])
+            self.spark.sql(f"INSERT INTO {self.renames} VALUES ({_sql_str(old_db)}, {_sql_str(old)}, "
+                           f"{_sql_str(new_db)}, {_sql_str(new)}, {scn})")
+            self._renamed[(old_db, old)] = max(scn, self._renamed.get((old_db, old), -1))
+            if target is not None:  # what a dropped table of that name left behind
+                target.drop(self.ice)
+            self.ice.create_namespace(TableNames(self.catalog, new_db, new).namespace)
+            source.rename(self.ice, TableNames(self.catalog, new_db, new))
+            self._tables[(old_db, old)] = None
+            self._tables[(new_db, new)] = source
+            source.record_ddl(self.ice, step, batch)
+            self.publish_view(source)
+            touched.add((new_db, new))
+            self.log.info("lake.table_renamed", old=f"{old_db}.{old}", new=f"{new_db}.{new}")
+
+    # -- merges ------------------------------------------------------------------------------------
+
+    def flush(self, table: LakeTable, batch: int) -> None:
+        """Bring the current table up to date with the changelog."""
+        if not table.tail_rows:
+            return
+        marker = Marker(*table.appended.order, table.appended.batch)
+        fold = Fold(table.names.current, table.names.changelog, table.columns, table.key, table.merged.order)
+        started = self.clock()
+        self.log.info("lake.merge_started", table=f"{table.names.db}.{table.names.table}", rows=table.tail_rows)
+        self.ice.run_marked(marker, merge_sql(fold))
+        self.log.info("lake.merged", table=f"{table.names.db}.{table.names.table}", rows=table.tail_rows,
+                      seconds=round(self.clock() - started, 2))
+        table.merged, table.tail_rows, table.tail_since = marker, 0, None
+        self.publish_view(table)
+
+    def publish_view(self, table: LakeTable) -> None:
+        """`<db>.<table>__live`: the fold as a view, where the catalog stores views (REST, JDBC, Nessie)."""
+        if not self._views:
+            return
+        fold = Fold(table.names.current, table.names.changelog, table.columns, table.key, table.merged.order)
+        try:
+            self.spark.sql(f"CREATE OR REPLACE VIEW {table.names.live} AS {live_sql(fold)}")
+        except Exception as exc:  # e.g. a catalog without views: say so once, readers use live_frame
+            self._views = False
+            self.log.warning("lake.no_views", catalog=self.catalog, reason=str(exc).splitlines()[0][:300])
+
+    def merge_due(self, batch: int) -> None:
+        now = self.clock()
+        for table in list(self._tables.values()):
+            if table is None or not table.tail_rows:
+                continue
+            age = now - (now if table.tail_since is None else table.tail_since)
+            if table.tail_rows >= self.policy.rows or age >= self.policy.age_s:
+                self.flush(table, batch)
+
+    def loaded(self) -> list[LakeTable]:
+        return [t for t in self._tables.values() if t is not None]
+
+    def merge_all(self) -> None:
+        for table in list(self._tables.values()):
+            if table is not None:
+                self.flush(table, table.appended.batch)
+
+    def _record(self, batch: int, tables: int, rows: int) -> None:
+        self.spark.sql(f"INSERT INTO {self.commits} VALUES ({batch}, current_timestamp(), {tables}, {rows})")
+
+    def request_resnapshot(self, db: str, table: str, why: str) -> None:
+        self.resnapshot.append((db, table, why))
+        self.log.warning("lake.resnapshot", table=f"{db}.{table}", why=why)
 
 
-def _book_type(name: str) -> str:
-    return {"_op": "string", "_seq": "bigint", "_row": "int", "_scn": "bigint", "_ts": "timestamp",
-            "_pos": "string", "_gtid": "string"}[name]
+def _after(table: pa.Table, marker: Marker) -> pa.Table:
+    """The rows of an Arrow changelog piece after the marker's order key."""
+    if marker.order == (0, 0):
+        return table
+    scn, seq = table["_binlake_scn"], table[frames.SEQ]
+    keep = pc.or_(pc.greater(scn, marker.scn), pc.and_(pc.equal(scn, marker.scn), pc.greater(seq, marker.seq)))
+    return table.filter(keep)
+
+
+def _sql_str(text: str) -> str:
+    return f"CAST(X'{text.encode().hex()}' AS STRING)"

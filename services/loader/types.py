@@ -26,10 +26,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shared.mysql_types import BINARIES, TEXTS
+
 _INTS = {"tinyint": (pa.int8(), pa.int16()), "smallint": (pa.int16(), pa.int32()),
          "mediumint": (pa.int32(), pa.int32()), "int": (pa.int32(), pa.int64())}
-_STRINGS = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "json", "time"}
-_BINARY = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "geometry"}
+_STRINGS = {*TEXTS, "enum", "json", "time"}
+_BINARY = {*BINARIES, "geometry"}
 
 
 def arrow_type(col: dict[str, Any]) -> pa.DataType:
@@ -77,15 +79,32 @@ def to_array(values: Sequence[Any], col: dict[str, Any]) -> pa.Array:
 
 
 def spark_type(col: dict[str, Any]) -> str:
-    """The Spark SQL type of a column (DATETIME is timestamp_ntz, which Arrow cannot say)."""
+    """The Spark SQL type of a column in the lake (DATETIME is timestamp_ntz, which Arrow cannot say).
+
+    Iceberg has no 8/16-bit integers: TINYINT and SMALLINT are `int` in the lake.
+    """
     if col["type"] == "datetime":
         return "timestamp_ntz"
     t = arrow_type(col)
     if pa.types.is_decimal(t):
         return f"decimal({t.precision},{t.scale})"
-    simple = {pa.int8(): "tinyint", pa.int16(): "smallint", pa.int32(): "int", pa.int64(): "bigint",
+    simple = {pa.int8(): "int", pa.int16(): "int", pa.int32(): "int", pa.int64(): "bigint",
               pa.float32(): "float", pa.float64(): "double", pa.date32(): "date", pa.string(): "string",
               pa.binary(): "binary", pa.list_(pa.string()): "array<string>"}
     if pa.types.is_timestamp(t):
         return "timestamp"
     return simple.get(t, "string")
+
+
+# Iceberg's legal type promotions (the only in-place type changes a table allows).
+_PROMOTIONS = {("int", "bigint"), ("float", "double")}
+
+
+def promotable(old: str, new: str) -> bool:
+    """Can an Iceberg column of Spark type `old` be promoted in place to `new`?"""
+    if (old, new) in _PROMOTIONS:
+        return True
+    if old.startswith("decimal(") and new.startswith("decimal("):
+        (p1, s1), (p2, s2) = (tuple(int(x) for x in t[8:-1].split(",")) for t in (old, new))
+        return s1 == s2 and p2 >= p1
+    return False

@@ -1,34 +1,43 @@
-"""The whole stack for lake tests: parser, sink, meta and store as processes, loaders on demand."""
+"""The whole stack for lake tests: parser, sink, meta and store as processes, loaders on demand.
+
+The lake is read without Spark here (pyiceberg on the hadoop warehouse): the commit table
+for progress, the changelog for exactly-once checks, the current tables cell by cell.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import decimal
 import json
+import os
+import subprocess
+import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nats
-from pyspark.sql import SparkSession
+import pyarrow as pa
+from pyiceberg.table import StaticTable
 
-from services.loader.lake import COMMIT_FILE
-from services.loader.verify import verify
+from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, TableNames
 from shared.errors import NatsUnavailable
+from shared.jetstream import server_urls
 from shared.meta_client import MetaClient
 from shared.rpc import RpcError
 from shared.store_client import StoreClient
-from tests.integration.support import ServiceProcess, StoredMsg, read_stream_sync, wait_until
+from tests.integration.support import ROOT, ServiceProcess, StoredMsg, read_stream_sync, wait_until
 from tests.servers import MariaDB
 
 ServiceFactory = Callable[..., ServiceProcess]
 ROW_OPS = ("i", "u", "d")
 
 
-# -- the stack --------------------------------------------------------------------------------
-
-
 async def _services_answer(nats_url: str) -> bool:
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(server_urls(nats_url))
     try:
         await MetaClient(nc).get("probe")
         try:
@@ -48,6 +57,20 @@ def services_answer(nats_url: str) -> bool:
         return False
 
 
+def iceberg_table(folder: Path) -> StaticTable | None:
+    """The newest committed state of a hadoop-catalog table folder (None if it does not exist)."""
+    hint = folder / "metadata" / "version-hint.text"
+    if not hint.exists():
+        return None
+    version = hint.read_text().strip()
+    return StaticTable.from_metadata(str(folder / "metadata" / f"v{version}.metadata.json"))
+
+
+def read_table(folder: Path) -> pa.Table | None:
+    table = iceberg_table(folder)
+    return None if table is None else table.scan().to_arrow()
+
+
 @dataclass
 class Stack:
     mariadb: MariaDB
@@ -56,17 +79,18 @@ class Stack:
     data_dir: Path
     factory: ServiceFactory
     batch_rows: int = 3000
+    env_extra: dict[str, str] = field(default_factory=dict)
     loaders: list[ServiceProcess] = field(default_factory=list)
 
     @property
     def warehouse(self) -> str:
-        return str(self.data_dir / "warehouse")
+        return str(self.data_dir / "lake")
 
     @property
     def env(self) -> dict[str, str]:
         return {"BINLAKE_DATA_DIR": str(self.data_dir), "BINLAKE_FLUSH_S": "1",
                 "BINLAKE_BATCH_ROWS": str(self.batch_rows), "BINLAKE_METRICS_PORT": "-1",
-                "BINLAKE_MASTER": "local[2]"}
+                "BINLAKE_MASTER": "local[2]", "BINLAKE_MERGE_S": "5", **self.env_extra}
 
     def start_loader(self) -> ServiceProcess:
         proc = self.factory("services.loader", f"loader-{len(self.loaders) + 1}", **self.env)
@@ -77,13 +101,23 @@ class Stack:
     def loader(self) -> ServiceProcess:
         return self.loaders[-1]
 
+    def names(self, table: str, db: str | None = None) -> TableNames:
+        return TableNames("lake", db or self.db, table)
+
     def committed(self) -> int:
-        """The lake's commit pointer (0 before the first commit)."""
-        path = Path(self.warehouse) / COMMIT_FILE
-        try:
-            return int(json.loads(path.read_text())["seq"])
-        except FileNotFoundError:
+        """The newest batch the lake committed (0 before the first)."""
+        rows = read_table(Path(self.warehouse) / BOOK_NAMESPACE / COMMITS_TABLE)
+        if rows is None or rows.num_rows == 0:
             return 0
+        return int(max(rows.column("seq").to_pylist()))
+
+    def current(self, table: str) -> pa.Table | None:
+        n = self.names(table)
+        return read_table(Path(n.path(self.warehouse, n.current_name)))
+
+    def changelog(self, table: str) -> pa.Table | None:
+        n = self.names(table)
+        return read_table(Path(n.path(self.warehouse, n.changelog_name)))
 
     def cdc(self) -> list[StoredMsg]:
         """This test's row changes in BINLAKE_CDC, in stream order."""
@@ -101,31 +135,108 @@ class Stack:
         return msgs
 
     def wait_loaded(self, upto: int, timeout: float = 600) -> None:
-        """Until the lake's commit pointer reaches CDC sequence `upto`; the loader must stay up."""
+        """Until the lake has committed CDC sequence `upto`; the loader must stay up."""
         def caught_up() -> bool:
             assert self.loader.running, f"the loader died:\n{self.loader.output[-5000:]}"
             return self.committed() >= upto
 
-        wait_until(caught_up, timeout, f"the lake to commit CDC sequence {upto}", interval=2)
+        try:
+            wait_until(caught_up, timeout, f"the lake to commit CDC sequence {upto}", interval=2)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the lake recorded {self.committed()}; "
+                                 f"the loader said:\n{self.loader.output[-6000:]}") from None
+
+    def wait_merged(self, tables: list[str], timeout: float = 300) -> None:
+        """Until no table has un-merged changes (the current tables alone equal the source)."""
+        def merged() -> bool:
+            assert self.loader.running, f"the loader died:\n{self.loader.output[-5000:]}"
+            for t in tables:
+                n = self.names(t)
+                cur, log = (iceberg_table(Path(n.path(self.warehouse, x))) for x in (n.current_name,
+                                                                                    n.changelog_name))
+                if log is None:
+                    continue
+                if cur is None:
+                    return False
+                def order(tbl: StaticTable) -> str:
+                    snap = tbl.current_snapshot()
+                    if snap is None or snap.summary is None:
+                        return ""
+                    return str(snap.summary.additional_properties.get("binlake.order", ""))
+                a, m = order(log), order(cur)
+                if a != m and _rows_after(log, m):
+                    return False
+            return True
+
+        wait_until(merged, timeout, "the lake's current tables to be merged", interval=2)
+
+
+def _rows_after(changelog: StaticTable, order: str) -> bool:
+    scn, _, seq = (order or "0:0").partition(":")
+    rows = changelog.scan(selected_fields=("_binlake_op", "_binlake_scn", "_binlake_seq")).to_arrow().to_pylist()
+    return any(r["_binlake_op"] != "ddl" and (r["_binlake_scn"], r["_binlake_seq"]) > (int(scn), int(seq))
+               for r in rows)
 
 
 def commits(proc: ServiceProcess) -> list[int]:
     """The sequences a loader process logged as committed (`loader.committed`)."""
+    return [int(e["seq"]) for e in events(proc, "loader.committed")]
+
+
+def events(proc: ServiceProcess, name: str) -> list[dict[str, Any]]:
     out = []
     for line in proc.output.splitlines():
-        if '"loader.committed"' in line:
+        if f'"{name}"' in line:
             try:
-                out.append(int(json.loads(line)["seq"]))
-            except (ValueError, KeyError):
+                out.append(json.loads(line))
+            except ValueError:
                 pass
     return out
 
 
+def _cell(value: Any) -> Any:
+    """Source (PyMySQL) and lake (pyiceberg/Arrow) values in one comparable form."""
+    if isinstance(value, dt.datetime):
+        return value.replace(tzinfo=None)
+    if isinstance(value, bytes) and len(value) == 1:  # BIT(1)
+        return value[0]
+    if isinstance(value, decimal.Decimal) and value == value.to_integral_value() and value.as_tuple().exponent == 0:
+        return int(value)
+    return value
 
-def assert_verify_equal(spark: SparkSession, stack: Stack, tables: list[str]) -> None:
-    results = verify(spark, stack.mariadb.dsn(), stack.warehouse, [f"{stack.db}.{t}" for t in tables])
-    assert [r.table for r in results] == [f"{stack.db}.{t}" for t in tables]
-    bad = [r.line() for r in results if not r.equal]
-    assert not bad, "\n".join(bad)
+
+def assert_cells_equal(stack: Stack, table: str) -> None:
+    """Every row, every column of the current table equals the source (rows as a multiset)."""
+    conn = stack.mariadb.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION time_zone = '+00:00'")
+            cur.execute(f"SELECT * FROM `{stack.db}`.`{table}`")
+            names = [d[0] for d in cur.description]
+            source = Counter(tuple(_cell(v) for v in row) for row in cur.fetchall())
+    finally:
+        conn.close()
+    lake = stack.current(table)
+    assert lake is not None, f"no lake table for {table}"
+    assert lake.column_names == names, f"{table}: lake columns {lake.column_names}, source {names}"
+    got = Counter(tuple(_cell(r[c]) for c in names) for r in lake.to_pylist())
+    assert got == source, f"{table}: {sum((got - source).values())} lake rows not in the source, " \
+                          f"{sum((source - got).values())} source rows not in the lake; e.g. " \
+                          f"{list(got - source)[:3]} / {list(source - got)[:3]}"
 
 
+def run_verify_cli(stack: Stack, *tables: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env.update(BINLAKE_SOURCE_URL=stack.mariadb.dsn(), BINLAKE_DATA_DIR=str(stack.data_dir))
+    return subprocess.run([sys.executable, "-m", "services.loader.verify", *tables], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+
+
+def assert_verify_equal(spark: Any, stack: Stack, tables: list[str]) -> None:
+    """`binlake verify` (its own process) says OK for each table."""
+    out = run_verify_cli(stack, *(f"{stack.db}.{t}" for t in tables))
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    for t in tables:
+        assert any(line.startswith(f"OK    {stack.db}.{t}:") for line in out.stdout.splitlines()), out.stdout

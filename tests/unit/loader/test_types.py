@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from services.loader.types import arrow_type, spark_type, to_array
+from services.loader.types import arrow_type, promotable, spark_type, to_array
 
 UTC = dt.UTC
 
@@ -20,9 +20,10 @@ def col(t: str, **kw: Any) -> dict[str, Any]:
 
 # (column, Arrow type, Spark type) for every row of the DESIGN §4 table
 TYPES: list[tuple[dict[str, Any], pa.DataType, str]] = [
-    (col("tinyint"), pa.int8(), "tinyint"),
-    (col("tinyint", unsigned=True), pa.int16(), "smallint"),
-    (col("smallint"), pa.int16(), "smallint"),
+    # Iceberg has no 8/16-bit integers: the lake stores TINYINT and SMALLINT as int.
+    (col("tinyint"), pa.int8(), "int"),
+    (col("tinyint", unsigned=True), pa.int16(), "int"),
+    (col("smallint"), pa.int16(), "int"),
     (col("smallint", unsigned=True), pa.int32(), "int"),
     (col("mediumint"), pa.int32(), "int"),
     (col("mediumint", unsigned=True), pa.int32(), "int"),
@@ -200,3 +201,58 @@ def test_set_is_a_list_of_strings_and_empty_stays_empty():
 def test_an_empty_column_has_its_type():
     for column, arrow, _ in TYPES:
         assert to_array([], column).type == arrow
+
+
+# -- promotions ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("int", "bigint"),
+    ("float", "double"),
+    ("decimal(10,2)", "decimal(12,2)"),
+    ("decimal(10,2)", "decimal(38,2)"),
+    ("decimal(20,0)", "decimal(21,0)"),
+])
+def test_iceberg_promotions(old, new):
+    assert promotable(old, new)
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("bigint", "int"),
+    ("double", "float"),
+    ("int", "double"),
+    ("int", "float"),
+    ("int", "string"),
+    ("string", "int"),
+    ("int", "decimal(20,0)"),
+    ("bigint", "decimal(20,0)"),
+    ("decimal(20,0)", "bigint"),
+    ("decimal(12,2)", "decimal(10,2)"),
+    ("decimal(10,2)", "decimal(12,3)"),
+    ("decimal(10,2)", "decimal(10,1)"),
+    ("date", "timestamp"),
+    ("timestamp_ntz", "timestamp"),
+    ("timestamp", "timestamp_ntz"),
+    ("string", "binary"),
+    ("array<string>", "string"),
+])
+def test_other_type_changes_are_not_promotions(old, new):
+    assert not promotable(old, new)
+
+
+def test_a_modify_between_mysql_types_promotes_where_iceberg_allows():
+    """The pairs schema_change meets: Spark types of the old and the new MySQL column."""
+    def change(old: dict[str, Any], new: dict[str, Any]) -> bool:
+        return promotable(spark_type(old), spark_type(new))
+
+    assert spark_type(col("tinyint")) == spark_type(col("smallint")) == spark_type(col("int"))  # no change at all
+    assert change(col("int"), col("bigint"))
+    assert change(col("int"), col("int", unsigned=True))
+    assert change(col("smallint", unsigned=True), col("int", unsigned=True))
+    assert change(col("float"), col("double"))
+    assert change(col("decimal", precision=10, scale=2), col("decimal", precision=18, scale=2))
+    assert not change(col("bigint"), col("bigint", unsigned=True))  # long -> decimal(20,0): a rewrite
+    assert not change(col("decimal", precision=10, scale=2), col("decimal", precision=12, scale=4))
+    assert not change(col("decimal", precision=38, scale=0), col("decimal", precision=39, scale=0))  # -> string
+    assert not change(col("datetime"), col("timestamp"))
+    assert not change(col("varchar"), col("int"))

@@ -1,0 +1,258 @@
+"""One source table in the lake: its changelog and current-state tables, and what the loader knows of them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyspark
+import structlog
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType, _parse_datatype_string
+
+from services.loader import frames
+from services.loader.frames import BOOKKEEPING, PREV, Ddl
+from services.loader.iceberg import Iceberg, Marker, json_prop
+from services.loader.merges import Fold, tail_count_sql
+from services.loader.naming import TableNames, quote
+from services.loader.types import spark_type
+from shared.errors import FatalError
+
+if TYPE_CHECKING:
+    from services.loader.lake import Lake
+
+KEY_PROP, SOURCE_PROP = "binlake.key", "binlake.source"
+_BOOK_TYPES = {"_binlake_op": "string", "_binlake_seq": "bigint", "_binlake_row": "int", "_binlake_scn": "bigint",
+               "_binlake_ts": "timestamp", "_binlake_pos": "string", "_binlake_gtid": "string",
+               "_binlake_ddl": "string"}
+log = structlog.get_logger()
+
+
+def book_columns(data: Mapping[str, str], prev: Sequence[str]) -> dict[str, str]:
+    """The changelog's columns: bookkeeping, data, before images."""
+    out = {f.name: _BOOK_TYPES[f.name] for f in BOOKKEEPING}
+    out.update(data)
+    out.update({PREV + c: data[c] for c in prev})
+    return out
+
+
+class ReservedColumn(FatalError):
+    """A source column whose name the lake keeps for its own bookkeeping."""
+
+
+def data_types(columns: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    names = [str(c["name"]) for c in columns]
+    reserved = [n for n in names if n.lower().startswith(frames.BOOK_PREFIX)]
+    if reserved:
+        raise ReservedColumn(
+            f"column(s) {reserved} start with {frames.BOOK_PREFIX!r}, which the lake keeps for its bookkeeping "
+            "columns; rename them in the source or drop them with a sink column rule (BINLAKE_COLUMNS_EXCLUDE)")
+    return {str(c["name"]): spark_type(dict(c)) for c in columns}
+
+
+@dataclass
+class LakeTable:
+    names: TableNames
+    columns: dict[str, str]  # the current table's columns -> Spark type, in order
+    key: list[str]
+    changelog_columns: dict[str, str]
+    appended: Marker = field(default_factory=Marker)  # the changelog's marker
+    merged: Marker = field(default_factory=Marker)  # the current table's marker
+    tail_rows: int = 0
+    tail_since: float | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, ice: Iceberg, names: TableNames) -> LakeTable | None:
+        if not ice.exists(names.changelog):
+            return None
+        changelog_columns = ice.columns(names.changelog)
+        if not ice.exists(names.current):  # killed between the two CREATEs
+            data = {c: t for c, t in changelog_columns.items() if not c.startswith(frames.BOOK_PREFIX)}
+            ice.create(names.current, data, {SOURCE_PROP: f"{names.db}.{names.table}", KEY_PROP: "[]"})
+        props = ice.props(names.current)
+        table = cls(names, ice.columns(names.current), list(json.loads(props.get(KEY_PROP, "[]"))),
+                    changelog_columns, ice.marker(names.changelog) or Marker(), ice.marker(names.current) or Marker())
+        for name, kind in table.columns.items():  # a kill between two schema changes of one DDL
+            if name not in changelog_columns and not name.startswith(frames.BOOK_PREFIX):
+                table._changelog_column(ice, name, kind)
+        table.ensure_prev(ice)
+        fold = Fold(names.current, names.changelog, table.columns, table.key, table.merged.order)
+        table.tail_rows = int(ice.sql(tail_count_sql(fold)).collect()[0][0])
+        table.tail_since = 0.0 if table.tail_rows else None  # merge soon after a restart
+        return table
+
+    @classmethod
+    def create(cls, ice: Iceberg, names: TableNames, columns: Sequence[Mapping[str, Any]],
+               key: Sequence[str]) -> LakeTable:
+        data = data_types(columns)
+        prev = list(key) or list(data)
+        props = {SOURCE_PROP: f"{names.db}.{names.table}"}
+        changelog_columns = book_columns(data, prev)
+        ice.create(names.changelog, changelog_columns, props)
+        ice.create(names.current, data, {**props, KEY_PROP: json_prop(list(key))})
+        log.info("lake.table_created", table=f"{names.db}.{names.table}", key=list(key))
+        return cls(names, dict(data), list(key), changelog_columns)
+
+    def rename(self, ice: Iceberg, to: TableNames) -> None:
+        """Follow a RENAME TABLE: an Iceberg rename, or a copy where the catalog has none (hadoop)."""
+        try:
+            ice.rename(self.names.changelog, to.changelog)
+        except Exception as exc:
+            if "Cannot rename" not in str(exc):
+                raise
+            self._copy_to(ice, to)
+        else:
+            ice.rename(self.names.current, to.current)
+        self.names = to
+        ice.set_props(to.current, {SOURCE_PROP: f"{to.db}.{to.table}"})
+
+    def _copy_to(self, ice: Iceberg, to: TableNames) -> None:
+        """Copy both tables under the new names (keeping their markers), then drop the old ones.
+
+        The hadoop catalog cannot rename (a table is its folder). The copy costs a table scan
+        and the time-travel history of the old name; a kill midway leaves the old tables whole,
+        and the redelivered RENAME copies again.
+        """
+        for src, dst, marker in ((self.names.changelog, to.changelog, self.appended),
+                                 (self.names.current, to.current, self.merged)):
+            ice.drop(dst)
+            ice.create(dst, ice.columns(src), {k: v for k, v in ice.props(src).items() if k.startswith("binlake.")})
+            ice.run_marked(marker, f"INSERT INTO {dst} SELECT * FROM {src}")
+        ice.drop(self.names.changelog)
+        ice.drop(self.names.current)
+
+    def drop(self, ice: Iceberg) -> None:
+        ice.drop(self.names.current)
+        ice.drop(self.names.changelog)
+
+    # -- columns ------------------------------------------------------------------------------
+
+    def conform(self, lake: Lake, columns: Sequence[Mapping[str, Any]], key: Sequence[str]) -> None:
+        """Make both tables hold the columns of rows written with `columns` (a schema seen in rows)."""
+        ice = lake.ice
+        wanted = data_types(columns)
+        if list(key) != self.key:
+            lake.flush(self, self.appended.batch)
+            self.set_key(ice, list(key))
+        for name, kind in wanted.items():
+            have = self.columns.get(name)
+            if have is None:
+                self.add_column(ice, name, kind)
+            elif have != kind:
+                from services.loader.schema_change import retype
+
+                lake.flush(self, self.appended.batch)
+                retype(lake, self, name, kind, self.appended)
+        self.ensure_prev(ice)
+
+    def add_column(self, ice: Iceberg, name: str, kind: str) -> None:
+        if name not in self.columns:
+            ice.add_columns(self.names.current, {name: kind})
+            self.columns[name] = kind
+        self._changelog_column(ice, name, kind)
+
+    def _changelog_column(self, ice: Iceberg, name: str, kind: str) -> None:
+        have = self.changelog_columns.get(name)
+        if have == kind:
+            return
+        if have is not None:  # an older column of that name with another type: keep it aside
+            self.set_aside(ice, name)
+        ice.add_columns(self.names.changelog, {name: kind})
+        self.changelog_columns[name] = kind
+
+    def set_aside(self, ice: Iceberg, name: str) -> None:
+        """Rename a changelog column out of the way (its history stays readable under the new name)."""
+        aside = f"_binlake_was_{self.appended.seq}_{name}"
+        n = 1
+        while aside in self.changelog_columns:
+            n += 1
+            aside = f"_binlake_was_{self.appended.seq}_{n}_{name}"
+        ice.rename_column(self.names.changelog, name, aside)
+        self.changelog_columns[aside] = self.changelog_columns.pop(name)
+
+    def ensure_prev(self, ice: Iceberg) -> None:
+        for name in self.key or list(self.columns):
+            kind = self.columns[name]
+            prev = PREV + name
+            if self.changelog_columns.get(prev) == kind:
+                continue
+            if prev in self.changelog_columns:
+                self.set_aside(ice, prev)
+            ice.add_columns(self.names.changelog, {prev: kind})
+            self.changelog_columns[prev] = kind
+
+    def set_key(self, ice: Iceberg, key: list[str]) -> None:
+        ice.set_props(self.names.current, {KEY_PROP: json_prop(key)})
+        self.key = key
+        self.ensure_prev(ice)
+
+    # -- commits ------------------------------------------------------------------------------
+
+    def append(self, ice: Iceberg, df: DataFrame, marker: Marker, rows: int, now: float) -> None:
+        ice.append(df, self.names.changelog, marker)
+        self.appended = marker
+        if rows:
+            self.tail_rows += rows
+            if self.tail_since is None:
+                self.tail_since = now
+
+    def record_ddl(self, ice: Iceberg, step: Ddl, batch: int) -> None:
+        """Append the DDL statement to the changelog (its place among the rows, and the marker)."""
+        env = step.env
+        pos = env.get("pos") or {}
+        row = {"_binlake_op": "ddl", "_binlake_seq": step.seq, "_binlake_row": 0, "_binlake_scn": int(env["scn"]),
+               "_binlake_ts": int(env.get("ts") or 0), "_binlake_pos": f"{pos.get('file')}:{pos.get('offset')}",
+               "_binlake_gtid": pos.get("gtid"), "_binlake_ddl": step.sql}
+        arrow = pa.Table.from_pylist([row], schema=BOOKKEEPING)
+        marker = Marker(int(env["scn"]), step.seq, max(batch, self.appended.batch))
+        self.append(ice, arrow_to_spark(ice.spark, arrow, self.changelog_columns), marker, 0, 0.0)
+
+
+# -- Arrow -> Spark ---------------------------------------------------------------------------------
+
+_ARROW = {"int": pa.int32(), "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(),
+          "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us"),
+          "string": pa.string(), "binary": pa.binary(), "array<string>": pa.list_(pa.string()),
+          "boolean": pa.bool_(), "tinyint": pa.int8(), "smallint": pa.int16()}
+
+
+def arrow_type(spark_type: str) -> pa.DataType:
+    if spark_type.startswith("decimal("):
+        p, s = (int(x) for x in spark_type[8:-1].split(","))
+        return pa.decimal128(p, s)
+    return _ARROW[spark_type]
+
+
+def arrow_to_spark(spark: SparkSession, table: pa.Table, columns: Mapping[str, str]) -> DataFrame:
+    """An Arrow table as a DataFrame with exactly `columns` (missing ones null), types cast exactly."""
+    present = [c for c in columns if c in table.column_names]
+    cast = pa.table([table[c].cast(arrow_type(columns[c])) for c in present],
+                    names=present)
+    ddl = ", ".join(f"{quote(c)} {columns[c]}" for c in present)
+    schema = _parse_datatype_string(ddl)
+    assert isinstance(schema, StructType)
+    df = _from_arrow(spark, cast, schema)
+    return df.select(*[F.col(quote(c)) if c in present else F.lit(None).cast(t).alias(c) for c, t in columns.items()])
+
+
+def _from_arrow(spark: SparkSession, table: pa.Table, schema: StructType) -> DataFrame:
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        return spark.createDataFrame(table, schema)  # type: ignore[call-overload,unused-ignore]
+    # pyspark 3.5 takes pandas only; this is the Arrow half of its own pandas path, without pandas.
+    from pyspark.sql.pandas.serializers import ArrowStreamSerializer
+
+    jvm = spark._jvm
+    assert jvm is not None
+    sc = spark.sparkContext
+    jiter = sc._serialize_to_jvm(  # type: ignore[attr-defined,unused-ignore]
+        table.combine_chunks().to_batches() or [pa.RecordBatch.from_pylist([], schema=table.schema)],
+        ArrowStreamSerializer(), lambda path: jvm.PythonSQLUtils.readArrowStreamFromFile(path),
+        lambda: jvm.ArrowIteratorServer())
+    jdf = jvm.PythonSQLUtils.toDataFrame(jiter, schema.json(), spark._jsparkSession)
+    return DataFrame(jdf, spark)

@@ -1,0 +1,230 @@
+"""The lake in-process on the test session's Spark: Iceberg tables from envelopes (DESIGN §7).
+
+No NATS here: batches of envelopes go straight into `services.loader.lake.Lake`, so each
+test can put the lake into the exact state a kill -9 leaves behind and check what a
+restarted loader makes of it. The end-to-end tests (every service a process) are in
+test_loader.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from services.loader.lake import Lake, MergePolicy
+from services.loader.live import live_frame
+from services.loader.spark import CatalogConfig, register
+from tests.integration.lake_feed import Feed
+
+pytestmark = pytest.mark.timeout(900)  # Spark on 2 cores
+_catalogs = itertools.count()
+ID = {"name": "id", "type": "int", "nullable": False}
+V = {"name": "v", "type": "varchar", "nullable": True, "charset": "utf8mb4"}
+N = {"name": "n", "type": "int", "nullable": True}
+
+
+@pytest.fixture
+def lake_factory(spark: SparkSession, tmp_path: Path) -> Callable[..., Lake]:
+    def make(policy: MergePolicy | None = None, name: str | None = None) -> Lake:
+        catalog = name or f"t{next(_catalogs)}"
+        register(spark, CatalogConfig(name=catalog, warehouse=str(tmp_path / "wh")))
+        lake = Lake(spark, catalog, policy or MergePolicy(rows=10**9, age_s=10**9))
+        lake.open()
+        return lake
+    return make
+
+
+def live(lake: Lake, db: str, table: str) -> Counter[tuple[Any, ...]]:
+    df = live_frame(lake.spark, lake.catalog, db, table)
+    assert df is not None
+    return Counter(tuple(r) for r in df.collect())
+
+
+def current(lake: Lake, db: str, table: str) -> Counter[tuple[Any, ...]]:
+    t = lake.table(db, table)
+    assert t is not None
+    return Counter(tuple(r) for r in lake.spark.table(t.names.current).collect())
+
+
+def test_keyed_inserts_updates_key_moves_and_deletes(lake_factory):
+    lake = lake_factory()
+    f = Feed()
+    cols, pk = [ID, V], ["id"]
+    b1 = [f.env("i", [{"after": {"id": i, "v": f"v{i}"}} for i in range(1, 6)], cols, pk)]
+    lake.apply(b1[-1][0], b1)
+    b2 = [f.env("u", [{"before": {"id": 2, "v": "v2"}, "after": {"id": 2, "v": "x"}}], cols, pk),
+          f.env("u", [{"before": {"id": 3, "v": "v3"}, "after": {"id": 30, "v": "v3"}}], cols, pk),
+          f.env("d", [{"before": {"id": 4, "v": "v4"}}], cols, pk),
+          f.env("i", [{"after": {"id": 4, "v": "again"}}], cols, pk)]
+    lake.apply(b2[-1][0], b2)
+    want = Counter({(1, "v1"): 1, (2, "x"): 1, (30, "v3"): 1, (4, "again"): 1, (5, "v5"): 1})
+    assert live(lake, "d", "t") == want
+    assert current(lake, "d", "t") == Counter()  # nothing merged yet (policy)
+    lake.merge_all()
+    assert current(lake, "d", "t") == want
+    assert live(lake, "d", "t") == want
+    # redelivery of both batches: nothing changes, nothing appended twice
+    lake.apply(b2[-1][0], b1 + b2)
+    t = lake.table("d", "t")
+    assert t is not None
+    n = lake.spark.table(t.names.changelog).count()
+    assert n == 9
+    assert live(lake, "d", "t") == want
+
+
+def test_keyless_table_keeps_duplicates_exact(lake_factory):
+    lake = lake_factory()
+    f = Feed(table="k")
+    cols = [N, V]
+    b = [f.env("i", [{"after": {"n": 1, "v": "a"}}, {"after": {"n": 1, "v": "a"}}, {"after": {"n": 2, "v": None}}],
+               cols, []),
+         f.env("u", [{"before": {"n": 1, "v": "a"}, "after": {"n": 1, "v": "b"}}], cols, []),
+         f.env("i", [{"after": {"n": 2, "v": None}}], cols, [])]
+    lake.apply(b[-1][0], b)
+    want = Counter({(1, "a"): 1, (1, "b"): 1, (2, None): 2})
+    assert live(lake, "d", "k") == want
+    lake.merge_all()
+    assert current(lake, "d", "k") == want
+    b = [f.env("d", [{"before": {"n": 2, "v": None}}], cols, [])]
+    lake.apply(b[-1][0], b)
+    assert live(lake, "d", "k") == Counter({(1, "a"): 1, (1, "b"): 1, (2, None): 1})
+    lake.merge_all()
+    assert current(lake, "d", "k") == Counter({(1, "a"): 1, (1, "b"): 1, (2, None): 1})
+
+
+def test_add_column_default_rename_modify_and_truncate(lake_factory):
+    lake = lake_factory()
+    f = Feed()
+    cols, pk = [ID, V], ["id"]
+    b = [f.env("i", [{"after": {"id": i, "v": f"v{i}"}} for i in range(1, 4)], cols, pk),
+         f.ddl("ALTER TABLE t ADD COLUMN c VARCHAR(5) NOT NULL DEFAULT 'x'",
+               {"kind": "alter", "renames": [], "ops": [{"op": "add", "column": {
+                   "name": "c", "type": "varchar", "nullable": False, "charset": "utf8mb4"}, "default": "x"}]})]
+    cols2 = [ID, V, {"name": "c", "type": "varchar", "nullable": False, "charset": "utf8mb4"}]
+    b.append(f.env("i", [{"after": {"id": 9, "v": "new", "c": "y"}}], cols2, pk))
+    lake.apply(b[-1][0], b)
+    assert live(lake, "d", "t") == Counter({(1, "v1", "x"): 1, (2, "v2", "x"): 1, (3, "v3", "x"): 1,
+                                           (9, "new", "y"): 1})
+    b = [f.ddl("ALTER TABLE t RENAME COLUMN v TO w, MODIFY id BIGINT",
+               {"kind": "alter", "renames": [], "ops": [
+                   {"op": "rename", "old": "v", "new": "w"},
+                   {"op": "modify", "old": "id", "column": {"name": "id", "type": "bigint", "nullable": False}}]})]
+    lake.apply(b[-1][0], b)
+    t = lake.table("d", "t")
+    assert t is not None and list(t.columns.items()) == [("id", "bigint"), ("w", "string"), ("c", "string")]
+    assert lake.spark.table(t.names.current).columns == ["id", "w", "c"]
+    assert live(lake, "d", "t")[(9, "new", "y")] == 1
+    b = [f.ddl("TRUNCATE t", {"kind": "truncate", "ops": [], "renames": []})]
+    lake.apply(b[-1][0], b)
+    assert live(lake, "d", "t") == Counter()
+
+
+def test_maintenance_keeps_the_markers_and_exactly_once(lake_factory):
+    """Compaction commits `replace` snapshots and expiry drops old ones: the markers survive."""
+    from services.loader.maintenance import Maintenance
+
+    lake = lake_factory()
+    f = Feed()
+    cols, pk = [ID, V], ["id"]
+    batches = []
+    for b in range(6):
+        batch = [f.env("i", [{"after": {"id": b * 10 + i, "v": "x"}} for i in range(3)], cols, pk)]
+        lake.apply(batch[-1][0], batch)
+        lake.merge_all()
+        batches += batch
+    t = lake.table("d", "t")
+    assert t is not None
+    before = (t.appended, t.merged)
+    Maintenance(lake, every_s=1, keep_s=0).run()
+    restarted = Lake(lake.spark, lake.catalog)
+    restarted.open()
+    again = restarted.table("d", "t")
+    assert again is not None and (again.appended.order, again.merged.order) == (before[0].order, before[1].order)
+    ops = [r[0] for r in lake.spark.sql(f"SELECT operation FROM {again.names.changelog}.snapshots").collect()]
+    assert "replace" in ops, ops  # compaction ran
+    restarted.apply(batches[-1][0], batches)  # everything redelivered: nothing twice
+    assert lake.spark.table(again.names.changelog).count() == 18
+    assert live(restarted, "d", "t") == Counter({(b * 10 + i, "x"): 1 for b in range(6) for i in range(3)})
+
+
+def test_a_kill_in_the_middle_of_a_type_change_is_finished_on_redelivery(lake_factory, tmp_path):
+    """MODIFY to an incompatible type is several schema changes; a kill between them is repaired."""
+    lake = lake_factory(name="modkill")
+    f = Feed()
+    cols, pk = [ID, N], ["id"]
+    b1 = [f.env("i", [{"after": {"id": i, "n": i}} for i in range(1, 4)], cols, pk)]
+    lake.apply(b1[-1][0], b1)
+    t = lake.table("d", "t")
+    assert t is not None
+    # What a kill right after the first schema change of MODIFY n VARCHAR leaves: the changelog's
+    # n set aside, no new n yet, a temporary column in the current table.
+    lake.flush(t, b1[-1][0])
+    lake.ice.rename_column(t.names.changelog, "n", "_binlake_was_1_n")
+    lake.ice.add_columns(t.names.current, {"_binlake_new_n": "string"})
+    restarted = Lake(lake.spark, "modkill", MergePolicy(rows=10**9, age_s=10**9))
+    restarted.open()
+    s = {"name": "n", "type": "varchar", "nullable": True, "charset": "utf8mb4"}
+    b2 = [f.ddl("ALTER TABLE t MODIFY n VARCHAR(10)", {"kind": "alter", "renames": [], "ops": [
+              {"op": "modify", "old": "n", "column": s}]}),
+          f.env("i", [{"after": {"id": 9, "n": "nine"}}], [ID, s], pk)]
+    restarted.apply(b2[-1][0], b1 + b2)
+    t2 = restarted.table("d", "t")
+    assert t2 is not None and t2.columns == {"id": "int", "n": "string"}
+    assert live(restarted, "d", "t") == Counter({(1, "1"): 1, (2, "2"): 1, (3, "3"): 1, (9, "nine"): 1})
+
+
+@pytest.mark.parametrize("order", ["old_first", "new_first", "split"])
+def test_rename_table_halves_in_any_order(lake_factory, order):
+    """RENAME TABLE a TO b reaches BINLAKE_CDC on a's and b's subjects in either order."""
+    lake = lake_factory()
+    f = Feed(table="a")
+    cols, pk = [ID, V], ["id"]
+    before = [f.env("i", [{"after": {"id": i, "v": "a"}} for i in range(1, 4)], cols, pk)]
+    lake.apply(before[-1][0], before)
+    # In source order: a late update of a, the RENAME (one statement: both halves share its scn), rows of b.
+    late_a = f.env("u", [{"before": {"id": 1, "v": "a"}, "after": {"id": 1, "v": "late"}}], cols, pk)[1]
+    alter = {"kind": "rename", "ops": [], "renames": [["d", "a", "d", "b"]]}
+    old_half = f.ddl("RENAME TABLE a TO b", alter)[1]
+    new_half = {**old_half, "table": "b"}
+    b_rows = f.env("i", [{"after": {"id": 7, "v": "b"}}], cols, pk, table="b")[1]
+    cdc_order = [late_a, old_half, new_half, b_rows] if order == "old_first" else [new_half, b_rows, late_a, old_half]
+    events = [(100 + i, e) for i, e in enumerate(cdc_order)]
+    if order == "split":  # the first batch holds only the new half: the loader must read ahead
+        assert lake.pending_renames(events[:2])
+    assert not lake.pending_renames(events)
+    lake.apply(events[-1][0], events)
+    lake.merge_all()
+    want = Counter({(1, "late"): 1, (2, "a"): 1, (3, "a"): 1, (7, "b"): 1})
+    assert lake.table("d", "a") is None
+    assert live(lake, "d", "b") == want
+    assert current(lake, "d", "b") == want
+    lake.apply(events[-1][0], before + events)  # redelivered: nothing twice
+    assert live(lake, "d", "b") == want
+
+
+def test_a_unit_the_tables_held_before_a_kill_is_still_recorded(lake_factory):
+    """Killed after every table committed but before the commits record: the redelivery records it."""
+    lake = lake_factory(name="recordkill")
+    f = Feed()
+    cols, pk = [ID, V], ["id"]
+    b1 = [f.env("i", [{"after": {"id": 1, "v": "a"}}], cols, pk)]
+    lake.apply(b1[-1][0], b1)
+    b2 = [f.env("i", [{"after": {"id": 2, "v": "b"}}], cols, pk)]
+
+    def killed(*_: Any) -> None:
+        raise SystemExit("kill -9")
+
+    lake._record = killed
+    with pytest.raises(SystemExit):
+        lake.apply(b2[-1][0], b2)
+    restarted = Lake(lake.spark, "recordkill", MergePolicy(rows=10**9, age_s=10**9))
+    assert restarted.open() == b1[-1][0]
+    assert restarted.apply(b2[-1][0], b1 + b2) == 0  # the tables hold it already
+    assert Lake(lake.spark, "recordkill").open() == b2[-1][0]
+    assert live(restarted, "d", "t") == Counter({(1, "a"): 1, (2, "b"): 1})

@@ -1,0 +1,117 @@
+"""services.loader.read_ahead: one `get` in flight, batches in the store's order, prepared off the event loop.
+
+The store is a stand-in here (pure scheduling logic); the real store and loader run it in
+tests/integration/test_loader.py, kills included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from services.loader import frames
+from services.loader.read_ahead import ReadAhead
+from shared import envelope
+from shared.store_client import Batch
+
+SCHEMA = {"id": "s1", "columns": [{"name": "id", "type": "int", "nullable": False}]}
+
+
+def ins(key: int) -> dict[str, Any]:
+    return {"v": envelope.VERSION, "source": "main", "db": "d", "table": "t", "op": "i", "ts": 1,
+            "pos": {"file": "mysql-bin.000001", "offset": 4, "gtid": "0-1-1"}, "scn": 1 << 32 | key,
+            "txn": {"id": "x", "i": 0, "last": True}, "pk": ["id"], "rows": [{"after": {"id": key}}]}
+
+
+class Store:
+    """Hands out the given batches in order, then empty ones; counts the gets in flight."""
+
+    def __init__(self, batches: list[Batch]) -> None:
+        self.batches = batches
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.gets = 0
+
+    async def get(self, max_rows: int = 1000, max_wait: float = 1.0) -> Batch:
+        self.gets += 1
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.01)
+            return self.batches.pop(0) if self.batches else Batch(None, [], 0, [])
+        finally:
+            self.in_flight -= 1
+
+
+def batch(*seqs: int) -> Batch:
+    raw = [envelope.encode(ins(seq), envelope.pack_schema(SCHEMA)) for seq in seqs]
+    return Batch(seqs[-1], raw, len(seqs), list(seqs))
+
+
+def reader(store: Store, committed: int = 0) -> ReadAhead:
+    return ReadAhead(store, 1000, 0.1, lambda: committed)  # type: ignore[arg-type]  # the stand-in store
+
+
+async def test_batches_come_in_order_with_one_get_in_flight_and_the_next_already_fetched() -> None:
+    store = Store([batch(1, 2), batch(3), batch(4, 5, 6)])
+    ahead = reader(store)
+    got = []
+    for _ in range(3):
+        fetched = await ahead.next()
+        await asyncio.sleep(0.05)  # the lake writing: the next get is done meanwhile
+        got.append([seq for seq, _ in fetched.prepared.events])
+        assert store.gets == len(got) + 1
+    await ahead.close()
+    assert got == [[1, 2], [3], [4, 5, 6]]
+    assert store.most_in_flight == 1
+
+
+async def test_runs_are_grouped_and_in_arrow_before_the_lake_asks() -> None:
+    ahead = reader(Store([batch(1, 2)]))
+    fetched = await ahead.next()
+    await ahead.close()
+    (changes,) = fetched.prepared.tables.values()
+    (run,) = changes.steps
+    assert run._arrow is not None and sum(t.num_rows for t in run._arrow) == 2  # type: ignore[union-attr]
+
+
+async def test_an_empty_batch_passes_through_and_what_the_lake_holds_is_left_out() -> None:
+    ahead = reader(Store([Batch(None, [], 0, []), batch(7, 8, 9)]), committed=8)
+    empty = await ahead.next()
+    assert empty.batch.id is None and empty.prepared.events == []
+    fetched = await ahead.next()
+    await ahead.close()
+    assert [seq for seq, _ in fetched.prepared.events] == [9]
+
+
+async def test_preparing_runs_in_a_worker_thread() -> None:
+    threads: list[threading.Thread] = []
+    main = threading.current_thread()
+
+    original = frames.prepare
+
+    def prepare(events: Any) -> Any:
+        threads.append(threading.current_thread())
+        return original(events)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(frames, "prepare", prepare)
+    try:
+        ahead = reader(Store([batch(1)]))
+        await ahead.next()
+        await ahead.close()
+    finally:
+        mp.undo()
+    assert threads and all(t is not main for t in threads)
+
+
+async def test_close_cancels_the_get_in_flight() -> None:
+    store = Store([batch(1)])
+    ahead = reader(store)
+    await ahead.next()
+    await ahead.close()
+    await asyncio.sleep(0.02)
+    assert store.in_flight == 0
