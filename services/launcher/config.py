@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared import config
+from shared.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -17,9 +18,23 @@ class LauncherConfig:
     mariadb_port: int = 3306
     prefix: str = "binlake"
     sinks: int = 2
+    nats_cluster: int = 1  # NATS nodes; 3 (or more) runs a JetStream cluster on loopback with R3 streams
+    spark_workers: int = 0  # 0: the loader runs Spark in local mode; N: a standalone master and N workers
     demo: bool = False  # also run a sample workload and print the lake table as it changes
     snapshot_tables: str = ""  # regex over db.table: the parser snapshots matching tables on first sight
     log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.nats_cluster <= 5:
+            raise ConfigError(f"--nats-cluster must be 1..5 nodes (3 for a cluster that survives a node), "
+                              f"got {self.nats_cluster}")
+        if self.spark_workers < 0:
+            raise ConfigError(f"--spark-workers (BINLAKE_SPARK_WORKERS) must be >= 0, got {self.spark_workers}")
+
+    @property
+    def replicas(self) -> int:
+        """Copies of every stream and bucket: 3 on a cluster of 3 or more, else 1."""
+        return 3 if self.nats_cluster >= 3 else 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LauncherConfig:

@@ -28,12 +28,15 @@ import pymysql
 
 __all__ = [
     "MariaDB",
+    "NatsCluster",
     "NatsServer",
     "free_port",
     "mariadb_binaries",
     "nats_server_binary",
     "start_mariadb",
     "start_nats",
+    "start_nats_cluster",
+    "tcp_open",
 ]
 
 MARIADB_START_TIMEOUT = 60.0
@@ -106,7 +109,8 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _tcp_open(port: int, host: str = "127.0.0.1") -> bool:
+def tcp_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on `host:port` now."""
     try:
         with socket.create_connection((host, port), timeout=0.5):
             return True
@@ -479,7 +483,7 @@ class NatsServer:
                     + "\n"
                     + _tail(self.log_file.parent / "nats-server.out", 20)
                 )
-            if "Server is ready" in new_log and _tcp_open(self.port):
+            if "Server is ready" in new_log and tcp_open(self.port):
                 return
             time.sleep(0.02)
         self.kill()
@@ -510,3 +514,70 @@ def start_nats(basedir: Path, *, extra_args: Sequence[str] = (), port: int | Non
             continue
         return server
     raise RuntimeError(f"could not start nats-server on a free port: {last_error}")
+
+
+@dataclass(eq=False)
+class NatsCluster:
+    """Several JetStream nats-servers routed into one cluster on loopback."""
+
+    nodes: list[NatsServer]
+    monitor_ports: list[int]
+
+    @property
+    def url(self) -> str:
+        """Every node's client URL, comma-separated (what BINLAKE_NATS_URL takes)."""
+        return ",".join(n.url for n in self.nodes)
+
+    def node_named(self, name: str) -> NatsServer:
+        """The node a stream's cluster info names as leader or replica (`n<i>`)."""
+        return self.nodes[int(name.removeprefix("n"))]
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        """Until every running node reports JetStream healthy (a meta leader elected, streams current)."""
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        for node, port in zip(self.nodes, self.monitor_ports, strict=True):
+            while node.running:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as rsp:
+                        if rsp.status == 200:
+                            break
+                except (urllib.error.URLError, OSError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"NATS node {node.url} not healthy within {timeout:.0f}s; "
+                                       f"last lines of {node.log_file}:\n" + _tail(node.log_file))
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def start_nats_cluster(basedir: Path, size: int = 3, *, ports: Sequence[int] | None = None) -> NatsCluster:
+    """`size` JetStream nats-servers named n0.. with full-mesh routes, each under basedir/n<i>."""
+    binary = nats_server_binary()
+    basedir = Path(basedir).resolve()
+    client = [port_or_free(p) for p in ports] if ports else [free_port() for _ in range(size)]
+    cluster, monitor = [free_port() for _ in range(size)], [free_port() for _ in range(size)]
+    routes = ",".join(f"nats://127.0.0.1:{p}" for p in cluster)
+    nodes = []
+    for i in range(size):
+        home = basedir / f"n{i}"
+        (home / "jetstream").mkdir(parents=True, exist_ok=True)
+        log_file = home / "nats-server.log"
+        args = [binary, "-a", "127.0.0.1", "-p", str(client[i]), "-n", f"n{i}", "-js", "-sd", str(home / "jetstream"),
+                "-l", str(log_file), "-m", str(monitor[i]), "--cluster_name", "binlake",
+                "--cluster", f"nats://127.0.0.1:{cluster[i]}", "--routes", routes]
+        nodes.append(NatsServer(port=client[i], store_dir=home / "jetstream", log_file=log_file, proc=None, args=args))
+    started = NatsCluster(nodes, monitor)
+    try:
+        for node in nodes:
+            node.start()
+        started.wait_healthy()
+    except BaseException:
+        started.stop()
+        raise
+    return started

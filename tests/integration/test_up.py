@@ -67,7 +67,20 @@ def _cli(data: Path, *args: str, timeout: float = 300) -> subprocess.CompletedPr
 
 def _verified(data: Path, table: str) -> bool:
     result = _cli(data, "verify", table)
-    return result.returncode == 0 and f"OK    {table}" in result.stdout
+    if result.returncode == 0 and f"OK    {table}" in result.stdout:
+        return True
+    # Left for the failure message: what verify said and what the stack logged last.
+    (data.parent / "last-verify.txt").write_text(f"{result.stdout}\n{result.stderr[-4000:]}")
+    return False
+
+
+def _wait_verified(data: Path, log: Path, table: str, what: str) -> None:
+    try:
+        wait_until(lambda: _verified(data, table), 600, what, interval=5)
+    except AssertionError as exc:
+        said = (data.parent / "last-verify.txt").read_text() if (data.parent / "last-verify.txt").exists() else ""
+        lines = [ln for ln in log.read_text().splitlines() if "[loader]" in ln or "error" in ln.lower()]
+        raise AssertionError(f"{exc}\nverify said:\n{said}\nloader log:\n" + "\n".join(lines[-60:])) from None
 
 
 @pytest.mark.timeout(900)
@@ -85,7 +98,7 @@ def test_up_runs_the_stack_stops_on_sigint_and_continues(tmp_path):
             cur.execute("CREATE TABLE demo.items (id INT PRIMARY KEY, name VARCHAR(20), price DECIMAL(8,2))")
             cur.executemany("INSERT INTO demo.items VALUES (%s, %s, %s)",
                             [(i, f"item {i}", i * 1.5) for i in range(100)])
-        wait_until(lambda: _verified(data, "demo.items"), 600, "demo.items in the lake", interval=5)
+        _wait_verified(data, log, "demo.items", "demo.items in the lake")
 
         status = _cli(data, "status", timeout=60)
         assert status.returncode == 0, status.stderr
@@ -111,7 +124,7 @@ def test_up_runs_the_stack_stops_on_sigint_and_continues(tmp_path):
             cur.execute("UPDATE demo.items SET price = price * 2 WHERE id < 50")
             cur.execute("DELETE FROM demo.items WHERE id >= 90")
             cur.execute("INSERT INTO demo.items VALUES (1000, 'new', 1.00)")
-        wait_until(lambda: _verified(data, "demo.items"), 600, "the changes of the second run", interval=5)
+        _wait_verified(data, log, "demo.items", "the changes of the second run")
     finally:
         if up.poll() is None:
             up.send_signal(signal.SIGINT)

@@ -25,3 +25,18 @@ def test_no_snapshot_option_no_variable() -> None:
 
 def test_the_option_is_read_from_the_environment() -> None:
     assert LauncherConfig.from_env({"BINLAKE_SNAPSHOT_TABLES": "a\\.b"}).snapshot_tables == "a\\.b"
+
+
+def test_a_nats_cluster_of_three_gets_three_replicas() -> None:
+    cfg = LauncherConfig.from_env({"BINLAKE_NATS_CLUSTER": "3"})
+    assert (cfg.nats_cluster, cfg.replicas) == (3, 3)
+    assert child_env(cfg, Path("/data"), "nats://a:1,nats://b:2", "mysql://x@h:3")["BINLAKE_REPLICAS"] == "3"
+    assert LauncherConfig().replicas == 1 and LauncherConfig(nats_cluster=2).replicas == 1
+
+
+@pytest.mark.parametrize("nodes", ["0", "6"])
+def test_nats_cluster_size_is_checked(nodes: str) -> None:
+    from shared.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--nats-cluster must be 1\.\.5 nodes"):
+        LauncherConfig.from_env({"BINLAKE_NATS_CLUSTER": nodes})

@@ -1,0 +1,100 @@
+"""A Spark standalone cluster on this machine for `binlake up --spark-workers N`.
+
+The master and N workers (1 core, 1 GiB each) are launcher children, restarted when they
+die, started with `spark-class` from the pyspark installation on 127.0.0.1 and free ports.
+Their logs and work directories live under `<data>/spark`. The loader reaches the master
+through its `BINLAKE_MASTER` setting. On several machines, run Spark's own master and
+workers instead; the warehouse must then be shared storage every worker sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.launcher.children import Child
+from services.launcher.servers import free_port, tcp_open
+from shared.errors import ConfigError, SparkUnavailable
+
+MASTER_START_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class SparkCluster:
+    """A standalone master and its workers as children; `master_url` is what the loader connects to."""
+
+    master_port: int
+    webui_port: int
+    master: Child
+    workers: list[Child]
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://127.0.0.1:{self.master_port}"
+
+    @property
+    def webui_url(self) -> str:
+        return f"http://127.0.0.1:{self.webui_port}"
+
+    @property
+    def children(self) -> list[Child]:
+        return [self.master, *self.workers]
+
+    def client_env(self) -> dict[str, str]:
+        """What the loader needs to run its driver against this cluster."""
+        return {"BINLAKE_MASTER": self.master_url, "SPARK_LOCAL_IP": "127.0.0.1"}
+
+    async def wait_ready(self, timeout: float = MASTER_START_TIMEOUT) -> None:
+        """Until the master listens: a driver that finds no master gives up after a long retry."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout
+        while not await loop.run_in_executor(None, tcp_open, self.master_port):
+            if time.monotonic() > deadline:
+                raise SparkUnavailable(
+                    f"the Spark master did not listen on 127.0.0.1:{self.master_port} within {timeout:.0f}s: "
+                    "see its [spark-master] lines (is `java` 17 on PATH?)")
+            await asyncio.sleep(0.5)
+
+
+def spark_home() -> Path:
+    """The pyspark package: a pip-installed pyspark is a whole Spark distribution."""
+    try:
+        import pyspark
+    except ImportError:
+        raise ConfigError("--spark-workers needs pyspark: pip install -e '.[spark]'") from None
+    home = Path(pyspark.__file__).resolve().parent
+    if not (home / "bin" / "spark-class").is_file():
+        raise ConfigError(f"{home} has no bin/spark-class: reinstall pyspark (pip install --force-reinstall pyspark)")
+    return home
+
+
+def spark_env(data: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """The daemons' environment: loopback only, logs and work under `data`, Spark's INFO lines off."""
+    from services.loader.spark import quiet_log4j
+
+    return {**env, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOG_DIR": str(data / "logs"), "SPARK_WORKER_DIR": str(data / "work"),
+            "SPARK_DAEMON_JAVA_OPTS": f"-Dlog4j.configurationFile=file:{quiet_log4j()}"}
+
+
+def spark_cluster(data: Path, workers: int, env: Mapping[str, str]) -> SparkCluster:
+    """A master and `workers` workers under `data` (created), not started: run their children."""
+    if workers < 1:
+        raise ConfigError(f"--spark-workers must be >= 1 for a cluster, got {workers}")
+    data = data.resolve()
+    (data / "logs").mkdir(parents=True, exist_ok=True)
+    env = spark_env(data, env)
+    spark_class = str(spark_home() / "bin" / "spark-class")
+    port, webui = free_port(), free_port()
+    master = Child("spark-master", [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                                    "--port", str(port), "--webui-port", str(webui)], env, color=2)
+    url = f"spark://127.0.0.1:{port}"
+    children = [Child(f"spark-worker-{i}", [spark_class, "org.apache.spark.deploy.worker.Worker", url,
+                                            "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
+                                            "--webui-port", str(free_port()), "--work-dir", str(data / f"work-{i}")],
+                      env, color=2)
+                for i in range(1, workers + 1)]
+    return SparkCluster(port, webui, master, children)
