@@ -1,62 +1,133 @@
-"""The compose file parses and describes a runnable stack (no Docker engine on test machines)."""
+"""The compose file and Dockerfile keep the packaging rules (tests/compose runs them for real)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
 BINLAKE_SERVICES = {"meta", "store", "parser", "sink", "loader"}
 
 
-def compose() -> dict:
-    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+FILES = ["docker-compose.yml", "docker-compose.cluster.yml"]
 
 
-def test_every_service_is_there_with_command_healthcheck_and_restart():
+def compose(file: str = "docker-compose.yml") -> dict[str, Any]:
+    return dict(yaml.safe_load((DEPLOY / file).read_text()))
+
+
+def default(value: str) -> str:
+    """`${VAR:-default}` -> default."""
+    found = re.fullmatch(r"\$\{\w+:-(.*)\}", value)
+    return found[1] if found else value
+
+
+def test_every_service_is_there_with_command_and_restart():
     services = compose()["services"]
     assert {"mysql", "nats", "nats-box"} | BINLAKE_SERVICES <= set(services)
     for name, svc in services.items():
         assert svc.get("command"), f"{name} has no command"
-        assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
         assert svc.get("restart") == "unless-stopped", f"{name} is not restarted"
+        if name != "nats-box":  # nothing waits for the CLI box
+            assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
 
 
-def test_binlake_services_use_the_one_image_and_their_role():
-    services = compose()["services"]
+@pytest.mark.parametrize("file", FILES)
+def test_the_binlake_image_is_built_once_and_run_by_every_service(file: str) -> None:
+    services = compose(file)["services"]
+    builders = [n for n, s in services.items() if "build" in s]
+    assert builders == ["meta"]
+    assert services["meta"]["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
     for name in BINLAKE_SERVICES:
         svc = services[name]
-        assert svc["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
+        assert default(svc["image"]) == "binlake:local"
         assert svc["command"] == [name]
-        assert svc["environment"]["BINLAKE_NATS_URL"] == "nats://nats:4222"
-        assert (DEPLOY.parent / svc["build"]["dockerfile"]).exists()
+        assert svc["environment"]["BINLAKE_NATS_URL"].startswith("nats://nats")
+        if name != "meta":
+            assert svc["pull_policy"] == "never", f"{name} would try to pull the local image"
 
 
-def test_dependencies_exist_and_wait_for_health():
-    services = compose()["services"]
+@pytest.mark.parametrize("file", FILES)
+def test_registry_images_are_pinned(file: str) -> None:
+    services = compose(file)["services"]
+    for name in [n for n in services if n == "mysql" or n.startswith("nats")]:
+        image = default(services[name]["image"])
+        tag = image.rsplit(":", 1)[-1]
+        assert re.match(r"\d+\.\d+\.\d+", tag), f"{name}: {image} is not pinned to a release"
+    # The plain nats image is `scratch`: the healthcheck's wget needs the alpine one.
+    for name in [n for n in services if n.startswith("nats") and n != "nats-box"]:
+        assert default(services[name]["image"]).endswith("-alpine")
+        assert services[name]["healthcheck"]["test"][1] == "wget"
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_host_ports_are_loopback_and_configurable(file: str) -> None:
+    for name, svc in compose(file)["services"].items():
+        for port in svc.get("ports", []):
+            assert re.fullmatch(r"127\.0\.0\.1:\$\{BINLAKE_\w+_PORT:-\d+\}:\d+", port), f"{name}: {port}"
+    assert "ports" not in compose(file)["services"]["sink"]
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_only_named_volumes(file: str) -> None:
+    doc = compose(file)
+    for name, svc in doc["services"].items():
+        for vol in svc.get("volumes", []):
+            src = vol.split(":", 1)[0]
+            assert src.startswith("./") or src in doc["volumes"], f"{name}: {vol}"
+    assert "VOLUME" not in (DEPLOY / "Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_dependencies_exist_and_wait(file: str) -> None:
+    services = compose(file)["services"]
     for name, svc in services.items():
         for dep, cond in (svc.get("depends_on") or {}).items():
             assert dep in services, f"{name} depends on unknown {dep}"
-            assert cond == {"condition": "service_healthy"}
-    assert "mysql" in services["parser"]["depends_on"] and "nats" in services["parser"]["depends_on"]
+            assert cond["condition"] in ("service_healthy", "service_started")
+    assert services["parser"]["depends_on"]["mysql"] == {"condition": "service_healthy"}
+    assert "container_name" not in services["sink"]
 
 
-def test_sink_can_be_scaled():
-    sink = compose()["services"]["sink"]
-    assert "container_name" not in sink and "ports" not in sink
-
-
-def test_mysql_is_configured_for_binlake():
-    flags = set(compose()["services"]["mysql"]["command"])
+@pytest.mark.parametrize("file", FILES)
+def test_mysql_is_configured_for_binlake(file: str) -> None:
+    flags = set(compose(file)["services"]["mysql"]["command"])
     assert {"--binlog-format=ROW", "--binlog-row-image=FULL", "--binlog-row-metadata=FULL",
             "--binlog-transaction-compression=OFF"} <= flags
-    assert compose()["services"]["mysql"]["image"] == "mysql:8.4"
     init = (DEPLOY / "mysql-init.sql").read_text()
     assert "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.*" in init
 
 
-def test_dockerfile_installs_java_and_the_package():
+def test_dockerfile_pins_a_base_with_java_and_runs_as_a_user():
     text = (DEPLOY / "Dockerfile").read_text()
-    assert "openjdk-17-jre-headless" in text and 'pip install --no-cache-dir ".[spark]"' in text
+    assert "ARG BASE_IMAGE=python:3.11-slim-bookworm" in text and "FROM ${BASE_IMAGE}" in text
+    assert "openjdk-17-jre-headless" in text and '".[spark]"' in text
+    assert re.search(r"^USER binlake$", text, re.M)
     assert 'ENTRYPOINT ["binlake"]' in text
+
+
+def test_the_build_context_is_only_what_the_image_needs():
+    lines = [ln for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert lines[0] == "*"
+    assert {"!pyproject.toml", "!README.md", "!shared/", "!services/"} <= set(lines)
+
+
+def test_the_cluster_file_has_three_nats_nodes_r3_and_a_spark_cluster():
+    services = compose("docker-compose.cluster.yml")["services"]
+    urls = "nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222"
+    for name in BINLAKE_SERVICES:
+        assert services[name]["environment"]["BINLAKE_NATS_URL"] == urls
+        assert services[name]["environment"]["BINLAKE_REPLICAS"] == "3"
+    for i in (1, 2, 3):
+        routes = services[f"nats-{i}"]["command"]
+        assert "--cluster_name" in routes and "--routes" in routes
+    assert services["loader"]["environment"]["BINLAKE_MASTER"] == "spark://spark-master:7077"
+    for worker in ("spark-worker-1", "spark-worker-2"):
+        assert services[worker]["command"][:3] == ["spark", "worker", "spark://spark-master:7077"]
+        assert "lake-data:/data" in services[worker]["volumes"]  # the same warehouse path as the driver
+    assert "lake-data:/data" in services["loader"]["volumes"]

@@ -1,0 +1,197 @@
+"""A private Docker engine for the compose test: its own dockerd, base image, stand-ins and compose v2.
+
+Everything lives in one temporary directory (data root, sockets, CLI plugins, image
+tarball); `stop` ends dockerd and removes the network state it leaves on the host (the
+docker0 bridge and its iptables chains). No registry is reachable here, so (PITFALLS,
+"Running the compose stack"):
+- the Dockerfile's base image is a Debian bookworm root file system made by mmdebstrap,
+  imported under the name the Dockerfile starts FROM;
+- registry images of the compose file are stand-ins built from it (tests/compose/standins),
+  tagged with the very names the compose file uses, so the user's file runs unchanged;
+- compose v2 comes from Debian trixie's docker-compose and docker-buildx packages
+  (bookworm's docker-compose 1.29 cannot read the file).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+STANDINS = Path(__file__).resolve().parent / "standins"
+DEBIAN = "http://deb.debian.org/debian"
+BOOKWORM_SOURCES = (f"deb {DEBIAN} bookworm main", f"deb {DEBIAN} bookworm-updates main",
+                    "deb http://deb.debian.org/debian-security bookworm-security main")
+
+
+def missing_tools() -> list[str]:
+    """What this machine lacks to run the engine (empty: the test can run)."""
+    out = [tool for tool in ("dockerd", "docker", "mmdebstrap", "apt-get", "dpkg", "iptables")
+           if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        out.append("root")
+    return out
+
+
+def compose_images() -> dict[str, str]:
+    """The registry images the compose file names, by service (with their defaults filled in)."""
+    doc = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
+    out = {}
+    for name, svc in doc["services"].items():
+        image = str(svc.get("image", ""))
+        if "build" in svc or not image or "BINLAKE_IMAGE" in image:
+            continue
+        if image.startswith("${"):  # ${VAR:-default}
+            image = image.split(":-", 1)[1].rstrip("}")
+        out[name] = image
+    return out
+
+
+def base_image() -> str:
+    """The FROM of deploy/Dockerfile (its BASE_IMAGE default)."""
+    for line in (ROOT / "deploy" / "Dockerfile").read_text().splitlines():
+        if line.startswith("ARG BASE_IMAGE="):
+            return line.split("=", 1)[1].strip()
+    raise AssertionError("deploy/Dockerfile has no ARG BASE_IMAGE=")
+
+
+@dataclass
+class Engine:
+    home: Path
+    log: list[str] = field(default_factory=list)
+    _proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def sock(self) -> Path:
+        return self.home / "docker.sock"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "DOCKER_HOST": f"unix://{self.sock}", "DOCKER_CONFIG": str(self.home / "config"),
+                "DOCKER_BUILDKIT": "1", "BUILDKIT_PROGRESS": "plain", "COMPOSE_PROGRESS": "plain"}
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def run(self, *args: str | Path, timeout: float = 900, check: bool = True, cwd: Path | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        started = time.monotonic()
+        cmd = [str(a) for a in args]
+        proc = subprocess.run(cmd, env={**self.env, **(env or {})}, cwd=cwd or ROOT, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+        self.log.append(f"$ {' '.join(cmd)}  ({time.monotonic() - started:.0f}s, exit {proc.returncode})")
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} failed with exit {proc.returncode}:\n"
+                                 f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+        return proc
+
+    def docker(self, *args: str | Path, **kw: object) -> subprocess.CompletedProcess[str]:
+        return self.run("docker", *args, **kw)  # type: ignore[arg-type]
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        (self.home / "config" / "cli-plugins").mkdir(parents=True, exist_ok=True)
+        with (self.home / "dockerd.log").open("wb") as logfile:
+            self._proc = subprocess.Popen(
+                ["dockerd", "--data-root", str(self.home / "data"), "--exec-root", str(self.home / "exec"),
+                 "--pidfile", str(self.home / "dockerd.pid"), "-H", f"unix://{self.sock}"],
+                stdout=logfile, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while self.docker("info", check=False, timeout=30).returncode != 0:
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"dockerd did not start:\n{self.dockerd_log()}")
+            time.sleep(0.5)
+
+    def dockerd_log(self) -> str:
+        path = self.home / "dockerd.log"
+        return path.read_text(errors="replace")[-5000:] if path.exists() else ""
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(10)
+        self._proc = None
+        _remove_network_state()
+
+    # -- what the compose file needs -----------------------------------------------------------
+
+    def install_compose(self) -> None:
+        """compose v2 and buildx as CLI plugins, from Debian trixie's packages."""
+        apt = self.home / "apt"
+        (apt / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+        (apt / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+        (apt / "sources.list").write_text(f"deb {DEBIAN} trixie main\n")
+        opts = ["-o", f"Dir::Etc::SourceList={apt / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/dev/null",
+                "-o", f"Dir::State::Lists={apt / 'lists'}", "-o", f"Dir::Cache={apt / 'cache'}",
+                "-o", "APT::Sandbox::User=root", "-qq"]
+        self.run("apt-get", *opts, "update")
+        self.run("apt-get", *opts, "download", "docker-compose", "docker-buildx", cwd=apt)
+        for deb in apt.glob("*.deb"):
+            self.run("dpkg", "-x", deb, apt / "x")
+        for plugin in ("docker-compose", "docker-buildx"):
+            shutil.copy(apt / "x" / "usr" / "libexec" / "docker" / "cli-plugins" / plugin,
+                        self.home / "config" / "cli-plugins" / plugin)
+        self.docker("compose", "version")
+
+    def build_base(self) -> None:
+        """A Debian bookworm image with Python 3.11 and pip, tagged as deploy/Dockerfile's base."""
+        tar = self.home / "base.tar"
+        # The host's CA bundle goes in (package mirrors and PyPI may be reached through a proxy
+        # with its own CA), also as a local CA so that update-ca-certificates keeps it.
+        hook = ('cp /etc/ssl/certs/ca-certificates.crt "$1/etc/ssl/certs/ca-certificates.crt"; '
+                'cp /etc/ssl/certs/ca-certificates.crt "$1/usr/local/share/ca-certificates/host-bundle.crt"; '
+                'rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED')
+        self.run("mmdebstrap", "--variant=minbase", "--mode=root", "--quiet",
+                 "--include=ca-certificates,python3,python3-pip,python-is-python3,python3-venv",
+                 f"--customize-hook={hook}", "bookworm", tar, *BOOKWORM_SOURCES, timeout=900)
+        self.docker("import", "--change", 'CMD ["python3"]', tar, base_image(), timeout=600)
+        tar.unlink()
+
+    def build_standins(self, nats_server: Path) -> None:
+        """Images for the compose file's registry images, tagged with their names."""
+        images = compose_images()
+        context = self.home / "nats-context"
+        shutil.copytree(STANDINS / "nats", context)
+        shutil.copy(nats_server, context / "nats-server")
+        contexts = {"mysql": STANDINS / "mysql", "nats": context, "nats-box": STANDINS / "nats-box"}
+        assert set(images) == set(contexts), f"stand-ins for {sorted(images)} needed"
+        for service, image in images.items():
+            self.docker("build", "--build-arg", f"BASE_IMAGE={base_image()}", "-t", image, contexts[service])
+
+    def compose(self, *args: str, env: dict[str, str] | None = None, timeout: float = 900,
+                check: bool = True, file: str = "docker-compose.yml") -> subprocess.CompletedProcess[str]:
+        return self.run("docker", "compose", "-f", ROOT / "deploy" / file, *args, env=env,
+                        timeout=timeout, check=check)
+
+
+def _remove_network_state() -> None:
+    """What dockerd leaves behind: the docker0 bridge and its iptables chains and rules."""
+    subprocess.run(["ip", "link", "delete", "docker0"], capture_output=True, check=False)
+    for table in ("filter", "nat"):
+        rules = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True, text=True,
+                               check=False).stdout.splitlines()
+        for rule in rules:  # jumps into docker's chains first, then the chains themselves
+            if rule.startswith("-A ") and ("DOCKER" in rule or "docker0" in rule) \
+                    and not rule.split()[1].startswith("DOCKER"):
+                subprocess.run(["iptables", "-t", table, *_delete(rule)], capture_output=True, check=False)
+        chains = [r.split()[1] for r in rules if r.startswith("-N DOCKER")]
+        for chain in chains:
+            subprocess.run(["iptables", "-t", table, "-F", chain], capture_output=True, check=False)
+        for chain in chains:
+            subprocess.run(["iptables", "-t", table, "-X", chain], capture_output=True, check=False)
+
+
+def _delete(rule: str) -> Sequence[str]:
+    parts = rule.split()
+    return ["-D", *parts[1:]]
