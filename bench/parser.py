@@ -12,7 +12,7 @@ and reports rows/s of both, their ratio, message statistics, and the commit-to-m
 latency of single-row transactions with the parser caught up. Exits non-zero when the
 parser's output does not hold exactly the N row changes written.
 
-    python bench/parser.py [--rows 200000] [--runs 2] [--workdir DIR]
+    python3 -m bench.parser [--rows 200000] [--runs 2] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -22,15 +22,12 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
-import math
 import os
 import random
 import resource
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -39,23 +36,31 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import HeartbeatLogEvent
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-import msgpack  # noqa: E402
-import nats  # noqa: E402
-import nats.errors  # noqa: E402
-import nats.js.errors  # noqa: E402
-from nats.aio.client import Client as NATS  # noqa: E402
-from nats.aio.msg import Msg  # noqa: E402
-from nats.js import JetStreamContext  # noqa: E402
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
-from pymysqlreplication import BinLogStreamReader  # noqa: E402
-from pymysqlreplication.event import HeartbeatLogEvent  # noqa: E402
-from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent  # noqa: E402
-
-from tests.servers import MariaDB, NatsServer, start_mariadb, start_nats  # noqa: E402
+from bench.common import (
+    POLL_S,
+    ROOT,
+    TableState,
+    arguments,
+    connect_js,
+    log_summary,
+    percentile,
+    proc_cpu,
+    run_in_workdir,
+    tail,
+)
+from shared import envelope
+from shared.subjects import Names
+from tests.servers import MariaDB, NatsServer, start_mariadb, start_nats
 
 DB = "bench"
 SOURCE = "main"
@@ -63,7 +68,6 @@ TABLES = ("t_wide", "t_bin", "t_narrow")
 LAT_TABLE = "t_lat"
 PLAN = (("i", 200), ("u", 80), ("d", 40))  # per table per transaction
 CHECK_COLUMN = {"t_wide": "a", "t_bin": "n", "t_narrow": "v"}  # int columns replayed and compared
-POLL_S = 0.05
 
 DDL = (
     f"CREATE DATABASE {DB} CHARACTER SET utf8mb4",
@@ -198,32 +202,6 @@ ROW_MAKERS: dict[str, Callable[[random.Random, int], tuple[Any, ...]]] = {
 }
 
 
-@dataclass
-class TableState:
-    """Ids of one table: [live_lo, next_id) exist; updates walk a pointer through them."""
-
-    next_id: int = 1
-    live_lo: int = 1
-    upd_ptr: int = 1
-
-    def take(self, op: str, k: int) -> tuple[int, int]:
-        """The id range an op of k rows touches (k may shrink for updates/deletes); advance state."""
-        if op == "i":
-            lo, self.next_id = self.next_id, self.next_id + k
-            return lo, lo + k - 1
-        if op == "u":
-            lo = max(self.upd_ptr, self.live_lo)
-            if lo + k > self.next_id:
-                lo = self.live_lo
-            hi = min(lo + k, self.next_id) - 1
-            self.upd_ptr = hi + 1
-            return lo, hi
-        lo = self.live_lo
-        hi = min(lo + k, self.next_id) - 1
-        self.live_lo = hi + 1
-        return lo, hi
-
-
 def apply_op(cur: Any, rng: random.Random, table: str, op: str, lo: int, hi: int) -> int:
     """Run one multi-row statement; return the rows it affected."""
     if op == "i":
@@ -340,33 +318,15 @@ def parser_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[
                 proc.wait()
 
 
-def tail(path: Path, lines: int = 30) -> str:
-    """The last lines of a log file."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def proc_cpu(pid: int) -> float:
-    """utime+stime of a live process in seconds (0 if unreadable)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def decode(data: bytes) -> dict[str, Any]:
     """A binlake envelope as a dict."""
-    env: dict[str, Any] = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    return env
+    return envelope.as_dict(envelope.decode(data))
 
 
 async def last_envelope(js: JetStreamContext, prefix: str) -> dict[str, Any] | None:
     """The newest envelope of the prefix's raw stream, or None while there is none."""
     try:
-        msg = await js.get_last_msg(f"{prefix.upper()}_RAW", f"{prefix}.raw.>")
+        msg = await js.get_last_msg(Names(prefix).raw_stream, Names(prefix).raw_all)
     except (nats.js.errors.NotFoundError, nats.errors.TimeoutError):
         return None
     return decode(msg.data) if msg.data else None
@@ -424,7 +384,7 @@ async def scan_stream(js: JetStreamContext, prefix: str) -> Scan:
     last_seq, scan = (await js.stream_info(stream)).state.last_seq, Scan()
     config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, mem_storage=True,
                             inactive_threshold=60.0)
-    sub = await js.pull_subscribe(f"{prefix}.raw.>", stream=stream, config=config)
+    sub = await js.pull_subscribe(Names(prefix).raw_all, stream=stream, config=config)
     try:
         expected_seq = 1
         while expected_seq <= last_seq:
@@ -483,25 +443,6 @@ def verify(db: MariaDB, wl: Workload, scan: Scan) -> list[str]:
     return problems
 
 
-def log_summary(log: Path) -> list[str]:
-    """Warning/error lines of a parser log, grouped (JSON structlog lines and anything else)."""
-    counts: Counter[str] = Counter()
-    for line in log.read_text(errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            counts[f"non-JSON: {line[:160]}"] += 1
-            continue
-        level = entry.get("level", "")
-        if level not in ("info", "debug"):
-            detail = entry.get("reason") or entry.get("error") or ""
-            counts[f"{level}: {entry.get('event')} {detail}"[:300]] += 1
-    return [f"{n}x {text}" for text, n in counts.most_common(15)]
-
-
-# ----------------------------------------------------------------------------- latency
-
-
 def paced_inserts(db: MariaDB, ids: range, rate: float) -> dict[int, float]:
     """One single-row transaction per id at `rate`/s; return the wall time each COMMIT was sent."""
     conn = db.connect(database=DB, autocommit=False)
@@ -544,7 +485,7 @@ async def measure_latency(db: MariaDB, js: JetStreamContext, prefix: str, count:
                 arrivals[row["after"]["id"]] = now
 
     config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.NEW, mem_storage=True)
-    sub = await js.subscribe(f"{prefix}.raw.>", cb=on_msg, config=config)
+    sub = await js.subscribe(Names(prefix).raw_all, cb=on_msg, config=config)
     try:
         # Warm-up row: the binlog connection is open and the path is hot before measuring.
         await asyncio.to_thread(paced_inserts, db, range(1, 2), rate)
@@ -570,17 +511,6 @@ async def latency_phase(db: MariaDB, ns: NatsServer, js: JetStreamContext, log: 
                 break
             await asyncio.sleep(POLL_S)
         return await measure_latency(db, js, prefix, count, rate)
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    if not sorted_values:
-        return float("nan")
-    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100 * len(sorted_values)) - 1))
-    return sorted_values[k]
-
-
-# ----------------------------------------------------------------------------- report & main
 
 
 def print_workload(wl: Workload, mariadb_version: str, nats_version: str) -> None:
@@ -622,12 +552,6 @@ def print_summary(runs: list[RunResult], latencies: list[float]) -> None:
     p = [percentile(latencies, q) for q in (50, 95, 99)]
     print(f"latency commit->msg  : n={len(latencies)} p50={p[0]:.1f} ms p95={p[1]:.1f} ms p99={p[2]:.1f} ms "
           f"max={latencies[-1] if latencies else float('nan'):.1f} ms")
-
-
-async def connect_js(url: str) -> tuple[NATS, JetStreamContext]:
-    """A plain nats-py connection for reading streams."""
-    nc = await nats.connect(url, name="binlake-bench", max_reconnect_attempts=3)
-    return nc, nc.jetstream()
 
 
 async def measure(db: MariaDB, ns: NatsServer, wl: Workload, args: argparse.Namespace,
@@ -686,21 +610,12 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
 
 def main() -> None:
     """Parse arguments and run in a temporary (or given) work directory."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, "keep servers' files and parser logs here (default: temp, removed)")
     ap.add_argument("--rows", type=int, default=200_000, help="row changes to write (default 200000)")
     ap.add_argument("--runs", type=int, default=2, help="alternating (a, b) pairs (default 2)")
     ap.add_argument("--lat-count", type=int, default=500, help="single-row transactions in the latency phase")
     ap.add_argument("--lat-rate", type=float, default=200.0, help="their rate per second")
-    ap.add_argument("--workdir", type=Path, help="keep servers' files and parser logs here (default: temp, removed)")
-    args = ap.parse_args()
-    if args.workdir is not None:
-        sys.exit(run(args, args.workdir.resolve()))
-    workdir = Path(tempfile.mkdtemp(prefix="binlake-bench-"))
-    try:
-        code = run(args, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    sys.exit(code)
+    run_in_workdir(run, ap.parse_args(), "binlake-bench-")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ raw->CDC latency from the stored timestamps. Exits non-zero unless, after each w
 every raw message id is in BINLAKE_CDC exactly once, with the raw payload, on its table's
 CDC subject, and in strictly increasing scn order per subject.
 
-    python bench/sink.py [--changes 200000] [--workdir DIR]
+    python3 -m bench.sink [--changes 200000] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -30,11 +30,9 @@ import json
 import os
 import random
 import resource
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
@@ -42,22 +40,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
 
-import msgpack  # noqa: E402
-import nats.errors  # noqa: E402
-import nats.js.errors  # noqa: E402
-from nats.aio.msg import Msg  # noqa: E402
-from nats.js import JetStreamContext  # noqa: E402
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck  # noqa: E402
-
-from bench.parser import POLL_S, TableState, connect_js, log_summary, percentile, proc_cpu, tail  # noqa: E402
-from shared import envelope  # noqa: E402
-from shared.jetstream import ensure_stream, raw_stream_config  # noqa: E402
-from shared.subjects import Names  # noqa: E402
-from tests.servers import NatsServer, start_nats  # noqa: E402
+from bench.common import (
+    POLL_S,
+    ROOT,
+    TableState,
+    arguments,
+    connect_js,
+    log_summary,
+    percentile,
+    proc_cpu,
+    run_in_workdir,
+    tail,
+)
+from shared import envelope
+from shared.jetstream import ensure_stream, raw_stream_config
+from shared.subjects import Names
+from tests.servers import NatsServer, start_nats
 
 SOURCE = "main"
 PARTITIONS = 16
@@ -348,7 +352,7 @@ class Stored:
 
 
 def stored(m: Msg) -> Stored:
-    env = msgpack.unpackb(m.data, raw=False, strict_map_key=False)
+    env = envelope.as_dict(envelope.decode(m.data))
     hdrs = m.headers or {}
     return Stored(m.metadata.sequence.stream, m.subject, hdrs.get("Nats-Msg-Id", ""),
                   m.metadata.timestamp.timestamp(), env["scn"], env.get("chunk", 0), len(env.get("rows") or ()),
@@ -829,20 +833,11 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, "keep nats-server files and sink logs here (default: temp, removed)")
     ap.add_argument("--changes", type=int, default=200_000, help="row changes in BINLAKE_RAW (default 200000)")
     ap.add_argument("--lat-count", type=int, default=500, help="paced single-row messages for the live latency")
     ap.add_argument("--lat-rate", type=float, default=200.0, help="their rate per second")
-    ap.add_argument("--workdir", type=Path, help="keep nats-server files and sink logs here (default: temp, removed)")
-    args = ap.parse_args()
-    if args.workdir is not None:
-        sys.exit(run(args, args.workdir.resolve()))
-    workdir = Path(tempfile.mkdtemp(prefix="binlake-bench-sink-"))
-    try:
-        code = run(args, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    sys.exit(code)
+    run_in_workdir(run, ap.parse_args(), "binlake-bench-sink-")
 
 
 if __name__ == "__main__":

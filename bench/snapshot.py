@@ -14,7 +14,7 @@ Prints rows/s of both, their ratio, and the chunk cycle time percentiles (time b
 arrivals of consecutive chunks' last messages in BINLAKE_CDC). Exits non-zero when the CDC
 rows are not exactly the table's rows.
 
-    python bench/snapshot.py [--rows 300000] [--runs 2] [--chunk-rows 4096] [--workdir DIR]
+    python3 -m bench.snapshot [--rows 300000] [--runs 2] [--chunk-rows 4096] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -23,27 +23,24 @@ import argparse
 import asyncio
 import itertools
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import asyncmy
+import nats
+from asyncmy.cursors import SSCursor
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-import asyncmy  # noqa: E402
-import msgpack  # noqa: E402
-import nats  # noqa: E402
-from asyncmy.cursors import SSCursor  # noqa: E402
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
-
-from shared import snapshots as snap  # noqa: E402
-from tests.servers import MariaDB, start_mariadb, start_nats  # noqa: E402
+from bench.common import ROOT, arguments, run_in_workdir, stop_processes
+from shared import envelope, keys
+from shared import snapshots as snap
+from shared.subjects import Names
+from tests.servers import MariaDB, start_mariadb, start_nats
 
 DB, TABLE, SOURCE = "bench", "t_snap", "main"
 DDL = (
@@ -125,20 +122,20 @@ async def binlake(db: MariaDB, nats_url: str, rows: int, prefix: str, chunk_rows
         got, arrivals = 0, {}
         done = asyncio.Event()
 
-        async def on_msg(msg: nats.aio.msg.Msg) -> None:
+        async def on_msg(msg: Msg) -> None:
             nonlocal got
-            env = msgpack.unpackb(msg.data, raw=False, strict_map_key=False)
+            env = envelope.as_dict(envelope.decode(msg.data))
             if env["op"] == "r" and env["table"] == TABLE:
                 got += len(env["rows"])
                 arrivals[env["scn"]] = time.perf_counter()
                 if got >= rows:
                     done.set()
 
-        sub = await js.subscribe(f"{prefix}.cdc.{SOURCE}.{DB}.{TABLE}", cb=on_msg, stream=cdc, config=ConsumerConfig(
+        sub = await js.subscribe(Names(prefix).cdc(SOURCE, DB, TABLE), cb=on_msg, stream=cdc, config=ConsumerConfig(
             ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL), ordered_consumer=True)
         req = snap.SnapshotRequest(id=f"bench-{prefix}", patterns=[f"{DB}.{TABLE}"], created_ms=int(time.time() * 1000))
         started = time.perf_counter()
-        await kv.create(snap.request_key(SOURCE, req.id), req.to_json())
+        await kv.create(keys.snapshot_request(SOURCE, req.id), req.to_json())
         await asyncio.wait_for(done.wait(), 1800)
         seconds = time.perf_counter() - started
         await sub.unsubscribe()
@@ -149,13 +146,7 @@ async def binlake(db: MariaDB, nats_url: str, rows: int, prefix: str, chunk_rows
         return Run(f"binlake snapshot -> BINLAKE_CDC (chunk {chunk_rows})", got, seconds, cycles)
     finally:
         await nc.close()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -200,20 +191,11 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, "keep servers' files and service logs here (default: temp, removed)")
     ap.add_argument("--rows", type=int, default=300_000)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--chunk-rows", type=int, default=4096)
-    ap.add_argument("--workdir", type=Path, help="keep servers' files and service logs here (default: temp, removed)")
-    args = ap.parse_args()
-    if args.workdir is not None:
-        sys.exit(run(args, args.workdir.resolve()))
-    workdir = Path(tempfile.mkdtemp(prefix="binlake-bench-"))
-    try:
-        code = run(args, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    sys.exit(code)
+    run_in_workdir(run, ap.parse_args(), "binlake-bench-")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ meta and store services as processes, then measures in the same run
 and prints rows/s of both, their ratio, and get/ack latency percentiles. Exits non-zero
 unless the client received every message exactly once, in stream order.
 
-    python bench/store.py [--changes 200000] [--max-rows 5000]
+    python3 -m bench.store [--changes 200000] [--max-rows 5000]
 """
 
 from __future__ import annotations
@@ -26,20 +26,17 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import nats
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-import nats  # noqa: E402
-import nats.errors  # noqa: E402
-from nats.js import JetStreamContext  # noqa: E402
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
-
-from shared import envelope  # noqa: E402
-from shared.jetstream import cdc_stream_config, ensure_stream  # noqa: E402
-from shared.store_client import StoreClient  # noqa: E402
-from shared.subjects import Names  # noqa: E402
-from tests.servers import start_nats  # noqa: E402
+from bench.common import ROOT, arguments, percentile
+from shared import envelope
+from shared.jetstream import cdc_stream_config, ensure_stream
+from shared.store_client import StoreClient
+from shared.subjects import Names
+from tests.servers import start_nats
 
 TABLES = [("shop", "orders"), ("shop", "items"), ("shop", "customers"), ("shop", "payments"),
           ("crm", "contacts"), ("crm", "events"), ("crm", "notes"), ("crm", "tasks")]
@@ -47,11 +44,6 @@ SCHEMA = {"id": "bench", "columns": [{"name": "id", "type": "bigint", "nullable"
                                      {"name": "name", "type": "varchar", "nullable": True},
                                      {"name": "amount", "type": "decimal", "precision": 12, "scale": 2,
                                       "nullable": True}]}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 async def prefill(js: JetStreamContext, changes: int) -> tuple[int, int]:
@@ -72,7 +64,7 @@ async def prefill(js: JetStreamContext, changes: int) -> tuple[int, int]:
                "txn": {"id": f"t{offset}", "i": 0, "last": True}, "pk": ["id"],
                "rows": [{"after": {"id": rows + k, "name": f"n{rows + k}", "amount": f"{rng.randint(0, 10**6)}.25"}}
                         for k in range(n)]}
-        mid = envelope.msg_id("main", env["scn"])
+        mid = envelope.msg_id("main", int(str(env["scn"])))
         pending.append(await js.publish_async(names.cdc("main", db, table), envelope.encode(env, packed),
                                               headers=envelope.headers(env, mid)))
         messages += 1
@@ -158,17 +150,17 @@ async def measure(url: str, args: argparse.Namespace, logs: Path) -> int:
     print(f"store client         : {store_rows} rows in {store_s:.2f}s = {store_rate:,.0f} rows/s "
           f"(get max_rows={args.max_rows} + ack, {len(acks)} batches)")
     print(f"ratio store/baseline : {store_rate / base_rate:.3f}")
-    print(f"get latency ms       : p50={percentile(gets, .5):.1f} p95={percentile(gets, .95):.1f} "
-          f"p99={percentile(gets, .99):.1f}")
-    print(f"ack latency ms       : p50={percentile(acks, .5):.1f} p95={percentile(acks, .95):.1f} "
-          f"p99={percentile(acks, .99):.1f}")
+    print(f"get latency ms       : p50={percentile(sorted(gets), 50):.1f} p95={percentile(sorted(gets), 95):.1f} "
+          f"p99={percentile(sorted(gets), 99):.1f}")
+    print(f"ack latency ms       : p50={percentile(sorted(acks), 50):.1f} p95={percentile(sorted(acks), 95):.1f} "
+          f"p99={percentile(sorted(acks), 99):.1f}")
     ok = store_rows == rows and in_order
     print(f"correctness          : {'OK' if ok else 'FAILED'} (every row once, in stream order)")
     return 0 if ok else 1
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__)
     ap.add_argument("--changes", type=int, default=200_000)
     ap.add_argument("--max-rows", type=int, default=5000)
     args = ap.parse_args()

@@ -74,13 +74,13 @@ def service_factory(nats_url: str, tmp_path: Path) -> Iterator[Callable[..., Ser
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     """The one Spark session of this test process (the loader processes have their own)."""
-    from services.loader.spark import session
+    from services.loader.spark import CatalogConfig, session, stop
 
     base = tmp_path_factory.mktemp("spark")
-    s = session("tests", "local[2]", str(base / "data"), str(base / "warehouse"), hive=False)
+    s = session("tests", "local[2]", CatalogConfig(warehouse=str(base / "warehouse")))
     try:
         yield s
     finally:
-        s.stop()
+        stop(s)
 
 

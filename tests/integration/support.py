@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,7 @@ import msgpack
 import nats
 from nats.js.api import DeliverPolicy
 
+from shared.jetstream import server_urls
 from tests.servers import MariaDB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +95,11 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     @property
+    def returncode(self) -> int | None:
+        """The exit code (None while running or before the start)."""
+        return None if self.proc is None else self.proc.poll()
+
+    @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -106,7 +114,7 @@ class StoredMsg:
 
 async def read_stream(nats_url: str, stream: str = "BINLAKE_RAW", subject: str = ">") -> list[StoredMsg]:
     """Every message currently in `stream` matching `subject`, in stream order."""
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(server_urls(nats_url))
     try:
         js = nc.jetstream()
         try:
@@ -120,11 +128,19 @@ async def read_stream(nats_url: str, stream: str = "BINLAKE_RAW", subject: str =
             deliver_policy=DeliverPolicy.ALL, ack_policy=nats.js.api.AckPolicy.NONE,
             filter_subject=subject if subject != ">" else None, inactive_threshold=30))
         out: list[StoredMsg] = []
+        unavailable = 0
         while True:
             try:
                 batch = await sub.fetch(1000, timeout=1)
             except nats.errors.TimeoutError:
                 break
+            except nats.js.errors.ServiceUnavailableError:
+                # On a cluster a new consumer's first fetch can race its interest across routes.
+                unavailable += 1
+                if unavailable > 50:
+                    raise
+                await asyncio.sleep(0.2)
+                continue
             for m in batch:
                 out.append(StoredMsg(m.metadata.sequence.stream, m.subject, dict(m.headers or {}),
                                      msgpack.unpackb(m.data, raw=False, strict_map_key=False)))
@@ -183,3 +199,20 @@ def assert_table_order(msgs: list[StoredMsg]) -> None:
         key = (m.env["scn"], m.env["chunk"])
         assert key > last.get(m.subject, (-1, -1)), f"order broken on {m.subject}: {key} after {last[m.subject]}"
         last[m.subject] = key
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
