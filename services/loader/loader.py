@@ -13,6 +13,7 @@ import asyncio
 import re
 import secrets
 import time
+from concurrent.futures import Executor
 from typing import Any
 
 import structlog
@@ -31,8 +32,9 @@ from shared.subjects import Names
 
 class Loader:
     def __init__(self, cfg: LoaderConfig, client: StoreClient, lake: Lake, maintenance: Maintenance,
-                 registry: Registry, js: Any = None) -> None:
+                 registry: Registry, js: Any = None, lake_thread: Executor | None = None) -> None:
         self._cfg = cfg
+        self._thread = lake_thread
         self._client = client
         self._lake = lake
         self._maintenance = maintenance
@@ -45,7 +47,7 @@ class Loader:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        committed = await loop.run_in_executor(None, self._lake.open)
+        committed = await loop.run_in_executor(self._thread, self._lake.open)
         acked = await self._client.subscribe(filter=self._cfg.filter, start="earliest")
         self.log.info("loader.start", committed=committed, acked=acked)
         reader = ReadAhead(self._client, self._cfg.batch_rows, self._cfg.flush_s, lambda: self._lake.committed)
@@ -55,7 +57,7 @@ class Loader:
                 if fetched.batch.id is None or not fetched.prepared.events:
                     if fetched.batch.id is not None:  # only what the lake holds already, or nothing for it
                         await self._client.ack(fetched.batch.id)
-                    await loop.run_in_executor(None, self._idle)
+                    await loop.run_in_executor(self._thread, self._idle)
                     continue
                 unit, prepared = await self._unit(reader, fetched)
                 await self._apply(unit, prepared)
@@ -91,8 +93,8 @@ class Loader:
             return  # applied before a crash, not acked then
         started = time.monotonic()
         loop = asyncio.get_running_loop()
-        rows = await loop.run_in_executor(None, self._lake.apply, last, prepared)
-        await loop.run_in_executor(None, self._maintenance.maybe_run)
+        rows = await loop.run_in_executor(self._thread, self._lake.apply, last, prepared)
+        await loop.run_in_executor(self._thread, self._maintenance.maybe_run)
         seconds = time.monotonic() - started
         self._rows.inc(rows)
         self._batches.inc(len(unit))

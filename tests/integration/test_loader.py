@@ -10,6 +10,7 @@ Spark is slow on a small box: the timeouts are generous on purpose.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -19,8 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
+from shared import keys
+from shared.subjects import Names
 from tests.integration.lake_stack import Stack, assert_cells_equal, commits, events, run_verify_cli, services_answer
 from tests.integration.support import ServiceProcess, read_stream_sync, wait_until
 from tests.servers import MariaDB
@@ -276,3 +280,50 @@ def test_truncate_drop_and_recreate(stack):
     ops = Counter(log.column("_binlake_op").to_pylist())
     assert ops["i"] == 21 and ops["ddl"] >= 2, ops  # the history of both incarnations is kept
 
+
+async def _hold_loader_lease(nats_url: str, owner: str, taken: threading.Event, stop: threading.Event) -> None:
+    """Take the loader's lease as a second instance would, keep it until `stop`, then free it."""
+    nc = await nats.connect(nats_url)
+    try:
+        kv = await nc.jetstream().key_value(Names("binlake").leases_bucket)
+        key = keys.loader_lease("main", "loader")
+        rev = await kv.put(key, owner.encode())
+        taken.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.3)  # well within the tests' 2 s lease TTL
+            rev = await kv.update(key, owner.encode(), last=rev)
+        await kv.delete(key, last=rev)
+    finally:
+        await nc.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_loader_that_loses_its_lease_waits_as_standby_and_takes_over_again(stack):
+    """A lost lease (taken, or NATS away longer than its TTL) must not end the loader: it goes back
+    to standby without writing, and loads again once the lease is free."""
+    db = stack.db
+    stack.mariadb.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v INT)",
+                          f"INSERT INTO `{db}`.t VALUES " + ", ".join(f"({i}, {i})" for i in range(100)))
+    loader = stack.start_loader()
+    stack.wait_loaded(max(m.seq for m in stack.wait_cdc(100)))
+    taken, stop = threading.Event(), threading.Event()
+    thief = threading.Thread(target=lambda: asyncio.run(
+        _hold_loader_lease(stack.nats_url, "another-loader", taken, stop)), daemon=True)
+    thief.start()
+    try:
+        assert taken.wait(30)
+        wait_until(lambda: '"lease.standby"' in loader.output, 60, "the loader to step down")
+        assert "another-loader" in loader.output
+        held = stack.committed()
+        stack.mariadb.execute(f"UPDATE `{db}`.t SET v = v + 1 WHERE id < 50")
+        cdc = stack.wait_cdc(150)
+        time.sleep(5)
+        assert stack.committed() == held, "a loader without the lease wrote to the lake"
+    finally:
+        stop.set()
+        thief.join(30)
+    stack.wait_loaded(max(m.seq for m in cdc))
+    stack.wait_merged(["t"])
+    assert_cells_equal(stack, "t")
+    assert loader.running and len(stack.loaders) == 1
+    assert loader.output.count('"lease.acquired"') == 2, loader.output[-4000:]
