@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,6 +116,7 @@ def cdc_stream_config(names: Names, *, replicas: int = 1, duplicate_window_s: fl
         duplicate_window=duplicate_window_s, max_age=max_age_s, max_bytes=max_bytes,
         discard=DiscardPolicy.OLD, allow_direct=True, num_replicas=replicas,
         description="binlake: routed change events per table",
+        allow_atomic=True,  # the sink's fenced batches; a server before 2.12 drops the field
     )
 
 
@@ -142,7 +144,17 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> StreamInf
             f"this configuration needs {want.dest if want else None!r}; partitions are fixed at creation, "
             "set the partition count back or recreate the stream"
         )
+    if config.allow_atomic and not info.config.allow_atomic:  # created by an older binlake
+        with nats_errors(f"stream {config.name}"):
+            info = await js.update_stream(dataclasses.replace(info.config, allow_atomic=True))
     return info
+
+
+async def allows_atomic(js: JetStreamContext, stream: str) -> bool:
+    """Whether `stream` takes atomic batches (the server knows them and the stream allows them)."""
+    with nats_errors(f"stream {stream}"):
+        info = await js.stream_info(stream)
+    return bool(info.config.allow_atomic)
 
 
 async def ensure_streams(js: JetStreamContext, names: Names, partitions: int, replicas: int = 1) -> None:

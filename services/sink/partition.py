@@ -22,10 +22,10 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from services.sink.fence import SubjectFence
+from services.sink.fence import Out, SubjectFence
 from services.sink.rules import Rules, TableRules
-from shared import cas, envelope, keys
-from shared.errors import BinlakeError, FatalError, NatsUnavailable
+from shared import cas, envelope, jetstream, keys
+from shared.errors import FatalError, NatsUnavailable
 from shared.metrics import Registry
 from shared.ordered_reader import OrderedReader
 from shared.subjects import Names
@@ -44,14 +44,6 @@ class PartitionSettings:
     batch: int
     cursor_interval_s: float
     publish_timeout_s: float
-
-
-@dataclass(slots=True)
-class _Out:
-    subject: str
-    data: bytes
-    headers: dict[str, str]
-    raw_seq: int
 
 
 class PartitionWorker:
@@ -83,8 +75,9 @@ class PartitionWorker:
         reader = OrderedReader(self._js, self._names.raw_stream,
                            self._names.raw_partition_filter(self._s.source, self._s.partition),
                            self._cursor + 1, self._s.batch)
-        fence = SubjectFence(self._js, self._names.cdc_stream, self._s.publish_timeout_s)
-        self.log.info("partition.start", cursor=self._cursor)
+        fence = SubjectFence(self._js, self._names.cdc_stream, self._s.publish_timeout_s,
+                             atomic=await jetstream.allows_atomic(self._js, self._names.cdc_stream))
+        self.log.info("partition.start", cursor=self._cursor, atomic_batches=fence.atomic)
         try:
             while True:
                 msgs = await reader.fetch(wait_s=0.5)
@@ -102,7 +95,7 @@ class PartitionWorker:
                     self.log.warning("partition.final_commit_failed", error=repr(exc))
 
     async def _handle(self, msgs: list[Msg], fence: SubjectFence) -> None:
-        outs: list[_Out] = []
+        outs: list[Out] = []
         poison: tuple[Msg, str] | None = None
         last_ok = self._cursor
         for m in msgs:
@@ -122,7 +115,7 @@ class PartitionWorker:
             await self._commit()
             await self._dead_letter(*poison)
 
-    def _transform(self, m: Msg, seq: int) -> _Out | None:
+    def _transform(self, m: Msg, seq: int) -> Out | None:
         env = envelope.as_dict(envelope.decode(m.data))
         db, table = env.get("db"), env.get("table")
         data = m.data
@@ -142,7 +135,7 @@ class PartitionWorker:
             schema_id = envelope.schema_id_of(shaped)
             if schema_id:
                 headers["Binlake-Schema"] = schema_id
-        return _Out(self._names.cdc_from_raw_stored(m.subject), data, headers, seq)
+        return Out(self._names.cdc_from_raw_stored(m.subject), data, headers, seq)
 
     def _rules_for(self, db: str, table: str) -> tuple[bool, TableRules]:
         cached = self._table_rules.get((db, table))
@@ -151,30 +144,10 @@ class PartitionWorker:
             self._table_rules[(db, table)] = cached
         return cached
 
-    async def _publish(self, outs: list[_Out], fence: SubjectFence) -> None:
-        """Per subject strictly in order (each ack awaited), different subjects concurrently."""
-        by_subject: dict[str, list[_Out]] = {}
-        for out in outs:
-            by_subject.setdefault(out.subject, []).append(out)
-
-        async def one_subject(items: list[_Out]) -> None:
-            for out in items:
-                stored = await fence.publish(out.subject, out.data, out.headers, out.raw_seq)
-                (self._out if stored else self._skipped).inc(partition=self._p)
-
-        if len(by_subject) == 1:
-            await one_subject(outs)
-            return
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for items in by_subject.values():
-                    tg.create_task(one_subject(items))
-        except* BinlakeError as group:
-            # The supervisor restarts on a retriable error and stops on a fatal one; a group of
-            # them is neither, and would end the whole process on a bus that is only away.
-            errors = list(group.exceptions)
-            fatal = [e for e in errors if isinstance(e, BinlakeError) and not e.retriable]
-            raise (fatal or errors)[0] from None
+    async def _publish(self, outs: list[Out], fence: SubjectFence) -> None:
+        stored = await fence.publish_all(outs)
+        self._out.inc(stored, partition=self._p)
+        self._skipped.inc(len(outs) - stored, partition=self._p)
 
     async def _dead_letter(self, m: Msg, reason: str) -> None:
         seq = m.metadata.sequence.stream

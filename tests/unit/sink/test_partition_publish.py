@@ -1,7 +1,8 @@
 """A publish failure on one of several subjects restarts the partition, not the process.
 
-Different subjects of a batch are published concurrently (a TaskGroup); what fails there must
-reach the supervisor as the error itself, not as an ExceptionGroup it does not know.
+Without atomic batches, different subjects of a fetch are published concurrently (a
+TaskGroup); what fails there must reach the supervisor as the error itself, not as an
+ExceptionGroup it does not know.
 """
 
 from __future__ import annotations
@@ -11,17 +12,23 @@ from typing import Any
 
 import pytest
 
-from services.sink.partition import PartitionSettings, PartitionWorker, _Out
+from services.sink.fence import Out, SubjectFence
+from services.sink.partition import PartitionSettings, PartitionWorker
 from shared.actor import RestartPolicy, supervise_call
 from shared.errors import FatalError, NatsUnavailable
 from shared.metrics import Registry
 from shared.subjects import Names
 
 
-class Fence:
+class _Js:
+    _nc = None
+
+
+class Fence(SubjectFence):
     """Fails every publish to `bad` with `error`; records the others."""
 
     def __init__(self, bad: str, error: Exception) -> None:
+        super().__init__(_Js(), "CDC", 1.0)  # type: ignore[arg-type]
         self.bad, self.error = bad, error
         self.stored: list[str] = []
 
@@ -38,13 +45,13 @@ def worker() -> PartitionWorker:
     return PartitionWorker(None, Names(), None, None, settings, Registry())  # type: ignore[arg-type]
 
 
-def outs() -> list[_Out]:
-    return [_Out(s, b"x", {}, i) for i, s in enumerate(["cdc.a", "cdc.b", "cdc.a"], 1)]
+def outs() -> list[Out]:
+    return [Out(s, b"x", {}, i) for i, s in enumerate(["cdc.a", "cdc.b", "cdc.a"], 1)]
 
 
 async def test_a_bus_error_on_one_subject_is_the_retriable_error_itself() -> None:
     with pytest.raises(NatsUnavailable, match="away"):
-        await worker()._publish(outs(), Fence("cdc.b", NatsUnavailable("away")))  # type: ignore[arg-type]
+        await worker()._publish(outs(), Fence("cdc.b", NatsUnavailable("away")))
 
 
 async def test_a_fatal_error_wins_over_a_retriable_one() -> None:
@@ -53,7 +60,7 @@ async def test_a_fatal_error_wins_over_a_retriable_one() -> None:
             raise (FatalError("refused") if subject == "cdc.a" else NatsUnavailable("away"))
 
     with pytest.raises(FatalError, match="refused"):
-        await worker()._publish(outs(), Both("", NatsUnavailable("")))  # type: ignore[arg-type]
+        await worker()._publish(outs(), Both("", NatsUnavailable("")))
 
 
 async def test_the_supervisor_restarts_it() -> None:
@@ -62,7 +69,7 @@ async def test_the_supervisor_restarts_it() -> None:
     async def run() -> Any:
         calls.append(1)
         if len(calls) == 1:
-            await worker()._publish(outs(), Fence("cdc.b", NatsUnavailable("away")))  # type: ignore[arg-type]
+            await worker()._publish(outs(), Fence("cdc.b", NatsUnavailable("away")))
 
     await supervise_call(run, RestartPolicy(max_restarts=3, window_s=60, base_delay_s=0.01), worker().log)
     assert len(calls) == 2
