@@ -13,7 +13,7 @@ Pure apart from a lock: the binlog thread and the event loop both call in.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +62,10 @@ def row_key(row: dict[str, Any], key: tuple[str, ...]) -> tuple[Any, ...]:
     return tuple(sorted((k, _freeze(x)) for k, x in row.items()))
 
 
-def surviving(chunk: Chunk, changed: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def surviving(chunk: Chunk, changed: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chunk rows whose key no change between the watermarks touched."""
+    if not changed:
+        return chunk.rows  # the usual case: no key to compute per row
     touched = {row_key(image, chunk.key) for image in changed}
     return [row for row in chunk.rows if row_key(row, chunk.key) not in touched]
 
