@@ -3,20 +3,21 @@
 
 Runs the whole stack as `binlake up` runs it (a durable private MariaDB and nats-server; meta,
 store, parser, two sink workers and the Spark loader, each a process with `binlake up`'s
-environment). A writer thread drives 8 tables with transactions of 1-50 rows (inserts,
-updates, deletes; one table per transaction) at increasing target rates, each held for
-`--step-s` seconds. Every transaction's commit time is kept; an ordered consumer on
-BINLAKE_CDC sees when each arrives there, and the loader's `loader_committed_seq` metric
-(polled every 0.25 s) when it is in the lake.
+environment). `--writers` threads (own connections, two tables each) drive 8 tables with
+transactions of 1-50 rows (inserts, updates, deletes; one table per transaction) at
+increasing target rates, each held for `--step-s` seconds. Every transaction's commit time is
+kept; two readers follow BINLAKE_RAW and BINLAKE_CDC (headers only: the row counts are there)
+and the loader's `loader_committed_seq` metric (polled every 0.25 s) says what the lake holds.
 
-Per step it prints the achieved source rate, the lag of BINLAKE_CDC and of the lake behind the
-source at the end of the step (the age of the oldest transaction not there yet), and whether
-the step is sustainable: the source reached its target and neither lag grew over the step. Then
-the highest sustainable rate, freshness commit -> CDC and commit -> lake (p50/p99) at the
-first step, and `ratio` = highest sustainable rate / the source's own bulk write rate
-(1,000-row INSERTs, measured first in the same run, on the same server).
+Per step it prints the achieved source rate, the lag of BINLAKE_RAW, BINLAKE_CDC and the lake
+behind the source at the end of the step (the age of the oldest transaction not there yet:
+RAW lag is the parser's, CDC minus RAW the sink's), CPU per process, and whether the step is
+sustainable: the source reached its target and neither lag grew over the step. It stops after
+the first step that is not (`--all` runs them all). Then freshness commit -> CDC and commit ->
+lake (p50/p99) at the first step, the highest sustainable rate, and `ratio` = that rate / the
+source's own bulk write rate (1,000-row INSERTs, measured first in the same run and server).
 
-    python3 -m bench.e2e [--rates 1000 2000 5000 10000 20000 40000] [--step-s 30] [--workdir DIR]
+    python3 -m bench.e2e [--rates 1000 2000 ...] [--step-s 30] [--writers 4] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -33,13 +34,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nats.aio.msg import Msg
-
 from bench.common import ROOT, arguments, percentile, proc_cpu, run_in_workdir, stop_processes, tail
 from services.launcher.app import DURABLE, child_env, services
 from services.launcher.config import LauncherConfig
 from services.launcher.servers import MariaDB, free_port, start_mariadb, start_nats
 from shared import jetstream
+from shared.ordered_reader import OrderedReader
 from shared.subjects import Names
 
 DB = "e2e"
@@ -56,6 +56,7 @@ class Table:
     live: list[int] = field(default_factory=list)  # ids that exist now
     next_id: int = 1
     commits: list[tuple[int, float]] = field(default_factory=list)  # (rows so far, commit time)
+    raw: list[tuple[int, int, float]] = field(default_factory=list)  # (RAW seq, rows so far, arrival time)
     cdc: list[tuple[int, int, float]] = field(default_factory=list)  # (CDC seq, rows so far, arrival time)
 
 
@@ -65,7 +66,8 @@ class Step:
     start: float
     end: float = 0.0
     rows: int = 0
-    cdc_lag: list[tuple[float, float]] = field(default_factory=list)  # (time, lag s)
+    raw_lag: list[tuple[float, float]] = field(default_factory=list)  # (time, lag s)
+    cdc_lag: list[tuple[float, float]] = field(default_factory=list)
     lake_lag: list[tuple[float, float]] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)
 
@@ -87,18 +89,18 @@ class Step:
 
 
 class Writer:
-    """Paced transactions over TABLES from one connection (a thread: pymysql blocks)."""
+    """Paced transactions over its own tables from one connection (a thread: pymysql blocks)."""
 
-    def __init__(self, mariadb: MariaDB, tables: dict[str, Table]) -> None:
+    def __init__(self, mariadb: MariaDB, tables: list[Table], lock: threading.Lock, seed: int) -> None:
         self._conn = mariadb.connect(autocommit=False)
         self._tables = tables
-        self._rnd = random.Random(7)
+        self._rnd = random.Random(seed)
         self.rate = 0.0
-        self.first = list(TABLES)  # every table once before random ones
+        self.first = list(tables)  # every table once before random ones
         self.rows = 0
         self.stop = threading.Event()
         self.error: BaseException | None = None
-        self.lock = threading.Lock()
+        self.lock = lock
 
     def run(self) -> None:
         try:
@@ -121,7 +123,7 @@ class Writer:
             self._conn.close()
 
     def _txn(self) -> int:
-        t = self._tables[self.first.pop() if self.first else self._rnd.choice(TABLES)]
+        t = self.first.pop() if self.first else self._rnd.choice(self._tables)
         n = self._rnd.randint(1, 50)
         kind = self._rnd.random()
         with self._conn.cursor() as cur:
@@ -149,6 +151,37 @@ class Writer:
             t.commits.append((done, now))
             self.rows += n
         return n
+
+
+class Writers:
+    """`--writers` Writer threads, each with its own tables and connection (commits overlap, as
+    an application's would: one connection alone is bound by the durable commit's fsync)."""
+
+    def __init__(self, mariadb: MariaDB, tables: dict[str, Table], n: int) -> None:
+        self.lock = threading.Lock()
+        all_tables = list(tables.values())
+        self._writers = [Writer(mariadb, all_tables[i::n], self.lock, seed=7 + i) for i in range(n)]
+        self._threads = [threading.Thread(target=w.run, daemon=True) for w in self._writers]
+        for t in self._threads:
+            t.start()
+
+    def set_rate(self, rows_s: float) -> None:
+        for w in self._writers:
+            w.rate = rows_s / len(self._writers)
+
+    @property
+    def rows(self) -> int:
+        return sum(w.rows for w in self._writers)
+
+    @property
+    def error(self) -> BaseException | None:
+        return next((w.error for w in self._writers if w.error is not None), None)
+
+    def stop(self) -> None:
+        for w in self._writers:
+            w.stop.set()
+        for t in self._threads:
+            t.join(10)
 
 
 def bulk_rate(mariadb: MariaDB) -> float:
@@ -208,20 +241,25 @@ async def measure(args: argparse.Namespace, mariadb: MariaDB, nats_url: str, tab
     js = nc.jetstream()
     lake: list[tuple[int, float]] = []  # (committed CDC seq, first seen)
 
-    async def on(msg: Msg) -> None:
-        parts = msg.subject.split(".")
-        t = tables.get(parts[-1])
-        if t is None or parts[-2] != DB:
-            return
-        rows = int((msg.headers or {}).get("Binlake-Rows", 0))
-        if rows:
-            done = (t.cdc[-1][1] if t.cdc else 0) + rows
-            t.cdc.append((msg.metadata.sequence.stream, done, time.time()))
+    async def follow(stage: str, stream: str, subject: str) -> None:
+        """Count each table's rows as they arrive in `stream` (headers only: the counts are there)."""
+        reader = OrderedReader(js, stream, subject, 1, 1000, headers_only=True)
+        try:
+            while True:
+                for msg in await reader.fetch(wait_s=0.2):
+                    parts = msg.subject.split(".")
+                    t = tables.get(parts[-1])
+                    rows = int((msg.headers or {}).get("Binlake-Rows", 0))
+                    if t is None or parts[-2] != DB or not rows:
+                        continue
+                    log = t.raw if stage == "raw" else t.cdc
+                    log.append((msg.metadata.sequence.stream, (log[-1][1] if log else 0) + rows, time.time()))
+        finally:
+            await reader.close()
 
-    sub = await js.subscribe(names.cdc_all, ordered_consumer=True, cb=on)
-    writer = Writer(mariadb, tables)
-    thread = threading.Thread(target=writer.run, daemon=True)
-    thread.start()
+    followers = [asyncio.create_task(follow("raw", names.raw_stream, names.raw_all)),
+                 asyncio.create_task(follow("cdc", names.cdc_stream, names.cdc_all))]
+    writer = Writers(mariadb, tables, args.writers)
     loop = asyncio.get_running_loop()
 
     def lake_rows(t: Table) -> int:
@@ -230,21 +268,23 @@ async def measure(args: argparse.Namespace, mariadb: MariaDB, nats_url: str, tab
         i = bisect.bisect_right(t.cdc, (lake[-1][0], 1 << 62, 0.0))
         return t.cdc[i - 1][1] if i else 0
 
-    async def poll() -> tuple[float, float]:
+    async def poll() -> tuple[float, float, float]:
+        """How far RAW, CDC and the lake are behind the source (age of the oldest missing change, s)."""
         seq = await loop.run_in_executor(None, loader_seq, loader_port)
         now = time.time()
         if seq and (not lake or seq > lake[-1][0]):
             lake.append((seq, now))
         with writer.lock:
+            raw = max(oldest_missing(t, t.raw[-1][1] if t.raw else 0, now) for t in tables.values())
             cdc = max(oldest_missing(t, t.cdc[-1][1] if t.cdc else 0, now) for t in tables.values())
             lk = max(oldest_missing(t, lake_rows(t), now) for t in tables.values())
-        return cdc, lk
+        return raw, cdc, lk
 
     async def settle(timeout_s: float) -> None:
         """Until every table's changes so far are in BINLAKE_CDC and in the lake."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            cdc, lk = await poll()
+            _, cdc, lk = await poll()
             if cdc == 0 and lk == 0 and all(t.cdc for t in tables.values()):
                 return
             await asyncio.sleep(POLL_S)
@@ -253,20 +293,21 @@ async def measure(args: argparse.Namespace, mariadb: MariaDB, nats_url: str, tab
     steps: list[Step] = []
     try:
         # Warm-up: the lake creates its tables (slow: Iceberg metadata, Spark's first jobs) untimed.
-        writer.rate = 200.0
+        writer.set_rate(200.0)
         await asyncio.sleep(5)
-        writer.rate = 0.0
+        writer.set_rate(0.0)
         await settle(600)
         for target in args.rates:
             step = Step(float(target), time.time())
             cpu0 = {n: proc_cpu(p) for n, p in pids.items()}
             rows0 = writer.rows
-            writer.rate = float(target)
+            writer.set_rate(float(target))
             while time.time() < step.start + args.step_s:
                 await asyncio.sleep(POLL_S)
                 if writer.error is not None:
                     raise writer.error
-                cdc, lk = await poll()
+                raw, cdc, lk = await poll()
+                step.raw_lag.append((time.time(), raw))
                 step.cdc_lag.append((time.time(), cdc))
                 step.lake_lag.append((time.time(), lk))
             step.end = time.time()
@@ -276,18 +317,19 @@ async def measure(args: argparse.Namespace, mariadb: MariaDB, nats_url: str, tab
             print(report_line(step), flush=True)
             if not step.sustainable and not args.all:
                 break
-        writer.rate = 0.0
+        writer.set_rate(0.0)
         # Let the last transactions arrive, for the freshness figures.
         deadline = time.time() + args.drain_s
         while time.time() < deadline:
-            cdc, lk = await poll()
+            _, cdc, lk = await poll()
             if cdc == 0 and lk == 0:
                 break
             await asyncio.sleep(POLL_S)
     finally:
-        writer.stop.set()
-        thread.join(10)
-        await sub.unsubscribe()
+        writer.stop()
+        for task in followers:
+            task.cancel()
+        await asyncio.gather(*followers, return_exceptions=True)
         await nc.close()
     first = steps[0]
     cdc_arrival = {t.name: [(done, at) for _, done, at in t.cdc] for t in tables.values()}
@@ -309,7 +351,8 @@ async def measure(args: argparse.Namespace, mariadb: MariaDB, nats_url: str, tab
 
 def report_line(s: Step) -> str:
     cpu = " ".join(f"{n} {v:.0%}" for n, v in sorted(s.cpu.items(), key=lambda kv: -kv[1]))
-    return (f"target {s.target:>7,.0f} rows/s: achieved {s.achieved:>7,.0f}; lag at end CDC {s.cdc_lag[-1][1]:5.1f} s "
+    return (f"target {s.target:>7,.0f} rows/s: achieved {s.achieved:>7,.0f}; lag at end RAW {s.raw_lag[-1][1]:5.1f} s, "
+            f"CDC {s.cdc_lag[-1][1]:5.1f} s "
             f"(max {max(lag for _, lag in s.cdc_lag):5.1f}), lake {s.lake_lag[-1][1]:5.1f} s "
             f"(max {max(lag for _, lag in s.lake_lag):5.1f}); {'sustainable' if s.sustainable else 'NOT sustainable'}"
             f"\n    CPU: {cpu}")
@@ -353,6 +396,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             pids[child.name] = proc.pid
         pids["nats-server"] = nats.proc.pid if nats.proc else 0
         pids["mariadbd"] = mariadb.proc.pid if mariadb.proc else 0
+        pids["bench"] = os.getpid()
         wait_for_loader(logs / "loader.log", procs[-1])
         tables = {t: Table(t) for t in TABLES}
         steps = asyncio.run(measure(args, mariadb, nats.url, tables, loader_port, pids))
@@ -368,10 +412,11 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
 
 def main() -> None:
     ap = arguments(__doc__, "keep servers' files and logs here (default: a temporary directory)")
-    ap.add_argument("--rates", type=int, nargs="+", default=[1000, 2000, 5000, 10000, 20000, 40000],
+    ap.add_argument("--rates", type=int, nargs="+", default=[1000, 2000, 3000, 5000, 7500, 10000, 20000, 40000],
                     help="target source rates, rows/s, one step each")
     ap.add_argument("--step-s", type=float, default=30.0, help="seconds each rate is held")
     ap.add_argument("--drain-s", type=float, default=60.0, help="seconds to wait for the last changes")
+    ap.add_argument("--writers", type=int, default=4, help="source connections writing at once (2 tables each)")
     ap.add_argument("--all", action="store_true", help="run every step, also after an unsustainable one")
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     run_in_workdir(run, ap.parse_args(), "binlake-bench-e2e-")

@@ -22,8 +22,8 @@ from typing import Any
 import pyarrow as pa
 
 from services.loader.types import to_array
+from shared.envelope import ROW_OPS
 
-ROW_OPS = frozenset({"i", "u", "d", "r"})
 BOOK_PREFIX = "_binlake_"
 PREV = "_binlake_prev_"
 OP, SEQ, ROW, DDL_TEXT = "_binlake_op", "_binlake_seq", "_binlake_row", "_binlake_ddl"

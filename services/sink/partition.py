@@ -116,7 +116,7 @@ class PartitionWorker:
             await self._dead_letter(*poison)
 
     def _transform(self, m: Msg, seq: int) -> Out | None:
-        env = envelope.as_dict(envelope.decode(m.data))
+        env = envelope.as_dict(envelope.peek(m.data))  # the rows are built only for rules that reshape them
         db, table = env.get("db"), env.get("table")
         data = m.data
         shaped: dict[str, Any] | None = env
@@ -125,6 +125,8 @@ class PartitionWorker:
             if not allowed:
                 self._filtered.inc(partition=self._p)
                 return None
+            if table_rules.rewrites and env["op"] in envelope.ROW_OPS:
+                env = envelope.as_dict(envelope.decode(m.data))
             shaped = self._rules.apply(env, table_rules)
             if shaped is None:
                 self._filtered.inc(partition=self._p)

@@ -15,10 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.envelope import ROW_OPS
 from shared.errors import ConfigError
 from shared.mysql_types import BINARIES, TEXTS
 
-ROW_OPS = frozenset({"i", "u", "d", "r"})
 # Types whose values stay of the same kind when truncated (strings or bytes).
 _TRUNCATABLE = frozenset({*TEXTS, *BINARIES})
 MASK_METHODS = ("hash", "truncate", "replace")
