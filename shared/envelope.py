@@ -107,34 +107,6 @@ def decode(data: bytes) -> Envelope:
     return _checked(env)
 
 
-_NOT_BUILT: Final = frozenset({"rows", "schema"})
-
-
-def peek(data: bytes) -> Envelope:
-    """Like `decode`, but `rows` and `schema` are only checked as msgpack, not built (absent in the result).
-
-    For readers that route a message without looking at its rows: a multi-row message costs a
-    fraction of a full decode.
-    """
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-    unpacker.feed(data)
-    try:
-        n = unpacker.read_map_header()
-        env: dict[Any, Any] = {}
-        for _ in range(n):
-            key = unpacker.unpack()
-            if key in _NOT_BUILT:
-                unpacker.skip()
-            else:
-                env[key] = unpacker.unpack()
-        extra = unpacker.tell() != len(data)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise EnvelopeError(f"not msgpack, or not a map: {exc}") from exc
-    if extra:
-        raise EnvelopeError(f"not msgpack: {len(data) - unpacker.tell()} bytes after the envelope")
-    return _checked(env)
-
-
 def _checked(env: Any) -> Envelope:
     if not isinstance(env, dict):
         raise EnvelopeError(f"envelope is a {type(env).__name__}, expected a map")

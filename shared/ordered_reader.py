@@ -31,7 +31,7 @@ from shared.errors import NatsUnavailable
 STATUS = "Status"
 HEARTBEAT = "100"
 REQUEST_OVER = frozenset({"404", "408"})  # nothing (more) for this request: it is over
-REQUEST_S = (0.5, 5.0)  # a pull request's lifetime, whatever a caller waits
+REQUEST_S = 1.0  # every pull request lives as long, whatever a caller waits: they end in the order sent
 LOST_MARGIN_S = 2.0  # a request whose end status never came (server restart) is given up this much later
 
 
@@ -65,42 +65,42 @@ class OrderedReader:
         )
         try:
             info = await self._js.add_consumer(self._stream, cfg)
+            self._consumer = info.name  # known before the subscription, so close() deletes it on failure
             self._inbox = self._nc.new_inbox()
             self._inbox_sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
         except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
             raise NatsUnavailable(f"cannot create a consumer on {self._subject}: {exc!r}") from exc
-        self._consumer = info.name
         self._cseq = 0
 
     async def _on_msg(self, msg: Msg) -> None:
         self._buffer.append(msg)
         self._arrived.set()
 
-    async def _request(self, wait_s: float) -> None:
+    async def _request(self) -> None:
         """Ask for `batch` more messages while less than half a batch is on its way."""
         now = time.monotonic()
         while self._requests and self._requests[0][1] < now:
             self._requests.popleft()  # its end status never came
         if len(self._requests) >= 2 or sum(r[0] for r in self._requests) > self._batch // 2:
             return
-        life = min(max(wait_s, REQUEST_S[0]), REQUEST_S[1])
-        body = json.dumps({"batch": self._batch, "expires": int(life * 1e9)}).encode()
+        body = json.dumps({"batch": self._batch, "expires": int(REQUEST_S * 1e9)}).encode()
         try:
             await self._nc.publish(f"{self._api}.CONSUMER.MSG.NEXT.{self._stream}.{self._consumer}", body,
                                    reply=self._inbox)
         except nats.errors.Error as exc:
             raise NatsUnavailable(f"cannot ask for messages of {self._subject}: {exc!r}") from exc
-        self._requests.append([float(self._batch), now + life + LOST_MARGIN_S])
+        self._requests.append([float(self._batch), now + REQUEST_S + LOST_MARGIN_S])
 
     async def fetch(self, wait_s: float = 1.0) -> list[Msg]:
         """The next messages in order (possibly none after `wait_s`)."""
         try:
             if self._consumer is None:
                 await self._open()
-            await self._request(wait_s)
+            await self._request()
         except NatsUnavailable as exc:
             self.log.warning("reader.reopen", error=str(exc), next_seq=self.next_seq)
             await self.close()
+            await asyncio.sleep(wait_s)  # not a busy loop while the stream or JetStream is away
             return []
         if not self._buffer:
             self._arrived.clear()

@@ -41,9 +41,12 @@ async def main(cfg: LoaderConfig) -> None:
         spark: list[SparkSession] = []
 
         async def load() -> None:
-            if not spark:  # started once, while the lease is kept: starting takes longer than its TTL
-                spark.append(await loop.run_in_executor(lake_thread, lambda: session(
-                    "binlake-loader", cfg.master, cfg.lake_catalog, cfg.spark_conf)))
+            def start() -> None:  # appended in the thread: a cancelled term still leaves it to stop
+                if not spark:
+                    spark.append(session("binlake-loader", cfg.master, cfg.lake_catalog, cfg.spark_conf))
+
+            # Started once, while the lease is kept: starting takes longer than its TTL.
+            await loop.run_in_executor(lake_thread, start)
             pattern = re.compile(cfg.filter)
             lake = Lake(spark[0], cfg.catalog, MergePolicy(cfg.merge_rows, cfg.merge_s),
                         include=lambda db, table: pattern.fullmatch(f"{db}.{table}") is not None,
@@ -53,6 +56,14 @@ async def main(cfg: LoaderConfig) -> None:
             maintenance = Maintenance(lake, cfg.maintenance_s, cfg.keep_snapshots_s)
             loader = Loader(cfg, client, lake, maintenance, registry, js, lake_thread)
             await supervise_call(loader.run, cfg.restart, loader.log)
+
+        async def drain() -> None:
+            if spark:
+                try:
+                    spark[0].sparkContext.cancelAllJobs()
+                except Exception as exc:  # a stopped context: nothing runs
+                    log.warning("loader.cancel_failed", error=repr(exc))
+            await loop.run_in_executor(lake_thread, lambda: None)
 
         async def lead() -> None:
             """Terms as the leader: a lost lease (NATS unreachable too long) sends us back to standby."""
@@ -65,11 +76,11 @@ async def main(cfg: LoaderConfig) -> None:
                         tg.create_task(load())
                 except* LeaseLost as eg:
                     log.warning("lease.lost", reason=str(eg.exceptions[0]))
-                    if spark:
-                        spark[0].sparkContext.cancelAllJobs()
-                    await loop.run_in_executor(lake_thread, lambda: None)
                 finally:
                     leader.set(0)
+                    # However the term ends (lost lease, SIGTERM, a failure), the lake write it left
+                    # in flight ends before another loader may have the lease.
+                    await asyncio.shield(drain())
                     await lease.release()
 
         try:

@@ -116,7 +116,9 @@ class PartitionWorker:
             await self._dead_letter(*poison)
 
     def _transform(self, m: Msg, seq: int) -> Out | None:
-        env = envelope.as_dict(envelope.peek(m.data))  # the rows are built only for rules that reshape them
+        # Fully decoded even when only routed: what reaches BINLAKE_CDC is a valid envelope, its
+        # strings valid UTF-8 (a check that skipping the rows would lose).
+        env = envelope.as_dict(envelope.decode(m.data))
         db, table = env.get("db"), env.get("table")
         data = m.data
         shaped: dict[str, Any] | None = env
@@ -125,8 +127,6 @@ class PartitionWorker:
             if not allowed:
                 self._filtered.inc(partition=self._p)
                 return None
-            if table_rules.rewrites and env["op"] in envelope.ROW_OPS:
-                env = envelope.as_dict(envelope.decode(m.data))
             shaped = self._rules.apply(env, table_rules)
             if shaped is None:
                 self._filtered.inc(partition=self._p)

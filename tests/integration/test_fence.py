@@ -53,7 +53,7 @@ async def stored(js: JetStreamContext, stream: str) -> dict[str, list[int]]:
         while True:
             try:
                 msgs = await sub.fetch(500, timeout=0.5)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py raises its own subclass or the builtin one
                 return out
             for m in msgs:
                 out.setdefault(m.subject, []).append(int((m.headers or {}).get(RAW_SEQ, 0)))

@@ -68,30 +68,6 @@ def test_decode_errors(data, message):
     assert message in str(info.value)
 
 
-def test_peek_is_decode_without_rows_and_schema():
-    data = envelope.encode(fields(), envelope.pack_schema(SCHEMA))
-    full = envelope.decode(data)
-    assert envelope.peek(data) == {k: v for k, v in full.items() if k not in ("rows", "schema")}
-
-
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        (b"\xc1", "not msgpack"),
-        (packb(fields())[:-3], "not msgpack"),  # rows cut short: skipped, still checked
-        (packb(fields()) + b"\x00", "bytes after the envelope"),
-        (packb([1, 2]), "not a map"),
-        (packb({"v": 1}), "envelope lacks source, op, ts, pos, scn, txn"),
-        (packb(fields(v=2)), "envelope version 2 is not supported"),
-        (packb(fields(op="x")), "unknown op 'x'"),
-    ],
-)
-def test_peek_errors(data, message):
-    with pytest.raises(EnvelopeError) as info:
-        envelope.peek(data)
-    assert message in str(info.value)
-
-
 def test_envelope_error_is_a_value_error():
     assert issubclass(EnvelopeError, ValueError)
 

@@ -1,0 +1,75 @@
+"""shared.ordered_reader against a real nats-server: in order across many pull requests, from a
+start sequence, and patient (not a busy loop) while its stream is away."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js.api import StorageType, StreamConfig
+
+from shared.ordered_reader import OrderedReader
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    conn = await nats.connect(nats_url)
+    yield conn
+    await conn.close()
+
+
+async def new_stream(nc: Client) -> tuple[str, str]:
+    name = f"READER_{secrets.token_hex(4)}"
+    subject = f"{name.lower()}.>"
+    await nc.jetstream().add_stream(StreamConfig(name=name, subjects=[subject], storage=StorageType.MEMORY))
+    return name, subject
+
+
+async def test_reads_every_message_in_order_from_the_start_sequence(nc: Client) -> None:
+    js = nc.jetstream()
+    name, subject = await new_stream(nc)
+    for i in range(1, 96):
+        await js.publish(f"{name.lower()}.{'ab'[i % 2]}", str(i).encode())
+    reader = OrderedReader(js, name, subject, 11, batch=10)  # many requests of 10
+    got: list[int] = []
+    try:
+        while len(got) < 85:
+            msgs = await reader.fetch(wait_s=1.0)
+            assert msgs or len(got) == 85, f"stalled after {len(got)}"
+            got += [int(m.data) for m in msgs]
+        assert got == list(range(11, 96))
+        assert reader.next_seq == 96 and reader.pending == 0
+        assert await reader.fetch(wait_s=0.3) == []
+        await js.publish(f"{name.lower()}.a", b"96")
+        later = await reader.fetch(wait_s=2.0)
+        assert [int(m.data) for m in later] == [96]
+    finally:
+        await reader.close()
+
+
+async def test_a_missing_stream_is_waited_for_not_polled_in_a_loop(nc: Client) -> None:
+    js = nc.jetstream()
+    name, subject = await new_stream(nc)
+    await js.publish(f"{name.lower()}.a", b"1")
+    reader = OrderedReader(js, name, subject, 1, batch=10)
+    try:
+        assert [int(m.data) for m in await reader.fetch(wait_s=1.0)] == [1]
+        await js.delete_stream(name)
+        started = time.monotonic()
+        for _ in range(5):
+            assert await reader.fetch(wait_s=0.3) == []
+        assert time.monotonic() - started >= 1.0, "fetch returned at once: a busy loop"
+        await js.add_stream(StreamConfig(name=name, subjects=[subject], storage=StorageType.MEMORY))
+        await js.publish(f"{name.lower()}.a", b"2")  # sequence 1 of the new stream
+        reader.next_seq = 1
+        got: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            got = [m.data for m in await reader.fetch(wait_s=0.3)]
+        assert got == [b"2"]
+    finally:
+        await reader.close()
