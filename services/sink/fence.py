@@ -78,17 +78,16 @@ class SubjectFence:
         if not self.atomic:
             return await self._publish_each(outs)
         stored, chunk, size = 0, list[Out](), 0
-        for out in outs:
-            if not self.atomic:  # a refused batch turned them off (the stream was edited)
-                chunk.append(out)
-                continue
+        for i, out in enumerate(outs):
             if chunk and (len(chunk) >= MAX_BATCH_MESSAGES or size + len(out.data) > MAX_BATCH_BYTES):
                 stored += await self._publish_batch(chunk)
                 chunk, size = [], 0
+                if not self.atomic:  # refused as disabled (the stream was edited): the rest one by one
+                    return stored + await self._publish_each(outs[i:])
             chunk.append(out)
             size += len(out.data)
         if chunk:
-            stored += await (self._publish_batch(chunk) if self.atomic else self._publish_each(chunk))
+            stored += await self._publish_batch(chunk)
         return stored
 
     async def _publish_batch(self, outs: list[Out]) -> int:
