@@ -210,17 +210,18 @@ async def kv_entries(js: JetStreamContext, bucket: str, key_filter: str = ">") -
             return out
         sub = await js.pull_subscribe(kv_subject(bucket, key_filter), stream=stream, config=cfg)
         try:
-            while True:
+            # Fetch exactly what is pending: a fetch of more waits out its whole timeout.
+            pending = (await sub.consumer_info()).num_pending or 0
+            while pending > 0:
                 try:
-                    msgs = await sub.fetch(500, timeout=1.0)
+                    msgs = await sub.fetch(min(500, pending), timeout=5.0)
                 except (nats.errors.TimeoutError, TimeoutError):
                     break
                 for m in msgs:
                     op = (m.headers or {}).get("KV-Operation")
                     if op not in ("DEL", "PURGE"):
                         out.append((m.subject[len(prefix):], m.data, m.metadata.sequence.stream))
-                if not msgs or msgs[-1].metadata.num_pending == 0:
-                    break
+                pending = msgs[-1].metadata.num_pending if msgs else 0
         finally:
             name = getattr(sub, "_consumer", None)
             with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):

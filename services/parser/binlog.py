@@ -190,7 +190,7 @@ class BinlogReader:
         # snapshot windows' reasons, envelopes, errors, logs) sees the text.
         sql = redact(event.query, getattr(event, "sql_mode", 0))
         db = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
-        if self._windows is not None and self._windows.active:
+        if self._windows is not None and self._windows.watching:
             self._ddl_in_window(sql, db)
         return self._asm.query(sql, db, file, start, end, ts)
 

@@ -492,6 +492,39 @@ def test_killing_the_cli_leaves_the_snapshot_running(mariadb: MariaDB, database:
     assert state["rows"] == 10000
 
 
+def test_columns_altered_between_chunks_reach_the_rows_of_later_chunks(mariadb: MariaDB, database: str,
+                                                                     parser_factory: ParserFactory,
+                                                                     nats_url: str) -> None:
+    """A table's columns are read once per snapshot, not per chunk: an ALTER between two chunks
+    (no window open) must still make the next chunks read, and describe, the new columns."""
+    db = database
+    parser_factory(BINLAKE_SNAPSHOT_CHUNK_ROWS="200", BINLAKE_SNAPSHOT_MAX_ROWS_S="2000",
+                   BINLAKE_SNAPSHOT_POLL_S="0.2")
+    mariadb.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY, a INT, b VARCHAR(10))")
+    without_binlog(mariadb, f"INSERT INTO `{db}`.t SELECT seq, seq, 'b' FROM `{db}`.seq_1_to_8000")
+    assert snapshot_cli(nats_url, f"{db}.t", "--no-wait").returncode == 0
+    wait_until(lambda: (progress(nats_url, db, "t") or {}).get("chunks", 0) >= 3, 60, "three chunks")
+    mariadb.execute(f"ALTER TABLE `{db}`.t ADD COLUMN extra INT NOT NULL DEFAULT 7")
+    wait_until(lambda: (progress(nats_url, db, "t") or {}).get("rows", 0) >= 4000, 60, "half of the rows")
+    mariadb.execute(f"ALTER TABLE `{db}`.t DROP COLUMN b")
+    state = wait_until(lambda: (s := progress(nats_url, db, "t")) and s["state"] == "done" and s, 120,
+                       "the snapshot to finish")
+    assert state["rows"] >= 8000, state
+    msgs = snapshot_rows(read_stream_sync(nats_url), db, "t")
+    latest: dict[int, dict[str, Any]] = {}
+    for m in msgs:
+        names = [c["name"] for c in m.env["schema"]["columns"]]
+        for r in m.env["rows"]:
+            assert sorted(r["after"]) == sorted(names), (names, r)  # rows match the schema they carry
+            latest[r["after"]["id"]] = r["after"]
+    assert sorted(latest) == list(range(1, 8001))
+    last = [m for m in msgs if m.env["rows"][-1]["after"]["id"] == 8000][-1]
+    assert [c["name"] for c in last.env["schema"]["columns"]] == ["id", "a", "extra"]
+    assert last.env["rows"][-1]["after"] == {"id": 8000, "a": 8000, "extra": 7}
+    assert any("extra" in m.env["rows"][0]["after"] and "b" in m.env["rows"][0]["after"] for m in msgs), \
+        "no chunk was read between the two ALTERs"
+
+
 def test_snapshot_failures_are_clear(mariadb: MariaDB, database: str, parser_factory: ParserFactory,
                                      nats_url: str) -> None:
     db = database

@@ -28,6 +28,7 @@ from asyncmy.cursors import SSCursor
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from services.parser.columns import TableSchema
 from services.parser.config import ParserConfig
 from services.parser.snapshot.catalog import (
     TableShape,
@@ -39,7 +40,7 @@ from services.parser.snapshot.catalog import (
     list_tables,
     placeholder,
 )
-from services.parser.snapshot.values import row_decoder
+from services.parser.snapshot.values import row_decoder, row_size_check
 from services.parser.snapshot.watermarks import Watermarks, connect
 from services.parser.snapshot.windows import HIGH, LOW, Chunk, Outcome, Windows
 from services.parser.values import DecodeStats
@@ -117,6 +118,9 @@ class Snapshotter:
         self.limiter = RateLimiter(cfg.snapshot_max_rows_s)
         self.stats = DecodeStats()
         self._ensured = False
+        # Per table being snapshotted: its shape and the DDL mark it was confirmed at. Described
+        # once, not per chunk; a DDL on the table seen by the binlog thread makes it stale.
+        self._shapes: dict[str, tuple[TableShape, int]] = {}
         self._rows = registry.gauge("parser_snapshot_rows", "Rows a table's snapshot has emitted")
         self._estimate = registry.gauge("parser_snapshot_rows_estimated", "Estimated rows of a table being snapshotted")
         self._done = registry.gauge("parser_snapshot_done", "1 when a table's snapshot has finished")
@@ -262,6 +266,7 @@ class Snapshotter:
     async def _table(self, key: str, p: snap.TableProgress, rev: int, slot: int) -> None:
         conn = await connect(self.dsn)
         commit: asyncio.Task[int] | None = None
+        self.windows.snapshotting += 1
         try:
             if p.state == snap.PENDING:
                 t = now_ms()
@@ -307,6 +312,8 @@ class Snapshotter:
             self.log.info("snapshot.finished", table=p.name, state=p.state, rows=p.rows, chunks=p.chunks,
                           retries=p.retries, error=p.error)
         finally:
+            self.windows.snapshotting -= 1
+            self._shapes.pop(p.name, None)
             if commit is not None and not commit.done():
                 commit.cancel()
                 await asyncio.wait([commit], timeout=5)
@@ -339,11 +346,13 @@ class Snapshotter:
             loop.call_soon_threadsafe(settle, outcome)
 
         wid = f"{p.run}.{p.chunks}.{secrets.token_hex(4)}"
+        known = self._shapes.pop(p.name, None)  # put back once this chunk confirms it
+        stale = "the table changed since its columns were read"
         self.windows.open(wid, p.db, p.table, resolve)
         try:
             await self.marks.write(conn, slot, wid, LOW)
             try:
-                shape = await describe(conn, p.db, p.table, self.stats)
+                shape = known[0] if known is not None else await describe(conn, p.db, p.table, self.stats)
                 if shape is None:
                     return self._stopped(p, snap.DROPPED, "the table no longer exists"), None
                 last = p.last_key
@@ -357,26 +366,33 @@ class Snapshotter:
             except UnsupportedColumn as exc:
                 raise TableFailed(str(exc)) from None
             except _DECODE_ERRORS as exc:
+                if known is not None:  # read with columns an ALTER changed: describe and read again
+                    return self._retry(p, stale), None
                 raise TableFailed(f"cannot decode a value of {p.name}: {exc!r}") from None
             except asyncmy.errors.MySQLError as exc:
                 code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
                 if code in _RETRY_CODES:
-                    return replace(p, retries=p.retries + 1, error=str(exc), updated_ms=now_ms()), None
+                    return self._retry(p, str(exc)), None
                 if code in _GONE_CODES:
                     return self._stopped(p, snap.DROPPED, "the table no longer exists"), None
                 err = map_mysql_error(exc, f"snapshot of {p.name}")
                 if isinstance(err, SourceUnavailable):
                     raise err from exc
+                if known is not None:
+                    return self._retry(p, f"{stale} ({exc.args[-1] if exc.args else exc})"), None
                 raise TableFailed(f"reading {p.name} failed: {exc.args[-1] if exc.args else exc}") from None
             self.windows.fill(wid, Chunk(shape.schema, shape.key, rows))
             await self.marks.write(conn, slot, wid, HIGH)
             outcome = await self._await(outcome_fut, p)
         finally:
             self.windows.close(wid)
+        if outcome.retry is None and known is not None and outcome.ddl_mark != known[1]:
+            outcome = replace(outcome, retry=stale)  # a DDL between the describe and H: its rows may be off
         if outcome.retry:
             self._retries.inc()
             self.log.info("snapshot.retry", table=p.name, chunk=p.chunks, reason=outcome.retry)
-            return replace(p, retries=p.retries + 1, error=outcome.retry, updated_ms=now_ms()), None
+            return self._retry(p, outcome.retry), None
+        self._shapes[p.name] = (shape, known[1] if known is not None else outcome.ddl_mark)
         done = not shape.key or len(rows) < self.cfg.snapshot_chunk_rows
         p = p.advanced(last_key=last_key if rows else p.last_key, rows=outcome.emitted, now_ms=now_ms(), done=done)
         p = replace(p, error=None)
@@ -395,21 +411,29 @@ class Snapshotter:
                         limit=self.cfg.snapshot_chunk_rows, placeholders=tuple(placeholder(c) for _, c in key_cols))
         params = keyset_params(tuple(last_key)) if last_key is not None else []
         decode = row_decoder(schema.columns, self.stats)
-        limit = self.max_row_bytes
+        bound = row_size_check(schema.columns, self.max_row_bytes)
         rows: list[dict[str, Any]] = []
         raw: tuple[Any, ...] | None = None
         async with conn.cursor(SSCursor) as cur:
             await cur.execute(sql, params)
             while many := await cur.fetchmany(1024):  # one await per 1,024 rows, not per row
-                for raw in many:
-                    if sum(map(len, filter(None, raw))) > limit:
-                        raise TableFailed(str(OversizeEvent(
-                            f"a row of {schema.db}.{schema.table} holds more than {limit} bytes, more than NATS "
-                            "max_payload allows; raise max_payload in the nats-server configuration")))
-                    rows.append(decode(raw))
+                if bound is not None:
+                    self._check_sizes(schema, many, bound)
+                rows.extend(map(decode, many))
+                raw = many[-1]
         if raw is None or not key_cols:
             return rows, None
         return rows, [key_param(c, raw[i]) for i, c in key_cols]
+
+    def _check_sizes(self, schema: TableSchema, rows: list[tuple[Any, ...]],
+                     bound: tuple[int, tuple[int, ...]]) -> None:
+        fixed, long = bound
+        room = self.max_row_bytes - fixed
+        for raw in rows:
+            if sum(len(raw[i]) for i in long if raw[i] is not None) > room:
+                raise TableFailed(str(OversizeEvent(
+                    f"a row of {schema.db}.{schema.table} holds more than {self.max_row_bytes} bytes, more than "
+                    "NATS max_payload allows; raise max_payload in the nats-server configuration")))
 
     async def _await(self, fut: asyncio.Future[Outcome], p: snap.TableProgress) -> Outcome:
         """The binlog thread closes the window when it reaches H; say so if that takes long."""
@@ -423,6 +447,10 @@ class Snapshotter:
                                  hint="the binlog reader has not reached the high watermark yet: it is behind, "
                                       "or a binlog filter (binlog_ignore_db) hides the watermark table")
         return fut.result()
+
+    @staticmethod
+    def _retry(p: snap.TableProgress, reason: str) -> snap.TableProgress:
+        return replace(p, retries=p.retries + 1, error=reason, updated_ms=now_ms())
 
     def _stopped(self, p: snap.TableProgress, state: str, error: str) -> snap.TableProgress:
         t = now_ms()

@@ -42,22 +42,38 @@ def _valid(raw: bytes) -> bool:
         return False
 
 
+_SEEN_DATES = 65_536  # dates remembered as valid per column (a chunk's dates repeat)
+
+
 def _date(stats: v.DecodeStats) -> TextDecoder:
+    seen: set[bytes] = set()
+
     def decode(raw: bytes) -> Any:
-        if not _valid(raw):
-            stats.zero_dates += 1
-            return None
+        if raw not in seen:
+            if not _valid(raw):
+                stats.zero_dates += 1
+                return None
+            if len(seen) >= _SEEN_DATES:
+                seen.clear()
+            seen.add(raw)
         return raw.decode("ascii")
 
     return decode
 
 
 def _datetime(stats: v.DecodeStats, zone: str) -> TextDecoder:
+    seen: set[bytes] = set()
+
     def decode(raw: bytes) -> Any:
-        if not _valid(raw):
-            stats.zero_dates += 1
-            return None
-        return f"{raw[:10].decode('ascii')}T{raw[11:].decode('ascii')}{zone}"
+        day = raw[:10]
+        if day not in seen:  # the calendar check once per date, not once per value
+            if not _valid(raw):
+                stats.zero_dates += 1
+                return None
+            if len(seen) >= _SEEN_DATES:
+                seen.clear()
+            seen.add(day)
+        return raw.decode("ascii").replace(" ", "T") + zone
 
     return decode
 
@@ -127,7 +143,38 @@ def row_decoder(columns: tuple[Column, ...], stats: v.DecodeStats) -> Callable[[
     items = []
     for i, col in enumerate(columns):
         scope[f"d{i}"], scope[f"k{i}"] = text_decoder_for(col, stats), col.name
-        items.append(f"k{i}: None if (x := r[{i}]) is None else d{i}(x)")
+        value = f"d{i}(r[{i}])" if not col.nullable else f"None if (x := r[{i}]) is None else d{i}(x)"
+        items.append(f"k{i}: {value}")
     exec(f"def decode(r):\n    return {{{', '.join(items)}}}\n", scope)
     decode: Callable[[tuple[Any, ...]], dict[str, Any]] = scope["decode"]
     return decode
+
+
+_SMALL = 80  # bytes of the longest value a number, date, time or DECIMAL prints as
+_CHECKED = 4096  # columns that may be longer than this are measured on every row
+
+
+def _most_bytes(col: Column) -> int | None:
+    """The most bytes one value of the column can take in a SELECT result (None: gigabytes)."""
+    t = col.ctype
+    if t.code in (v.VARCHAR, v.VAR_STRING, v.STRING):
+        return t.length
+    if t.code == v.BLOB:
+        return 256 ** t.length - 1 if t.length < 4 else None
+    if t.code in (v.ENUM, v.SET):
+        return sum(len(m.encode()) + 1 for m in t.values) * 4
+    if t.code in (v.JSON, v.GEOMETRY):
+        return None
+    return _SMALL
+
+
+def row_size_check(columns: tuple[Column, ...], limit: int) -> tuple[int, tuple[int, ...]] | None:
+    """How to bound a row's size cheaply: (bytes of the short columns at most, the long columns).
+
+    None when no row of these columns can exceed `limit`: then no row is measured at all.
+    """
+    bounds = [_most_bytes(c) for c in columns]
+    if all(b is not None for b in bounds) and sum(b for b in bounds if b is not None) <= limit:
+        return None
+    long = tuple(i for i, b in enumerate(bounds) if b is None or b > _CHECKED)
+    return sum(b for b in bounds if b is not None and b <= _CHECKED), long

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from services.parser.columns import TableSchema
@@ -38,6 +38,7 @@ class Outcome:
     emitted: int = 0
     scn: int | None = None  # order key of the emitted messages; None when nothing was published
     retry: str | None = None  # why the chunk must be read again
+    ddl_mark: int = 0  # DDL statements on the table seen up to H (see Windows.ddl_mark)
 
 
 @dataclass
@@ -83,6 +84,11 @@ class Windows:
         self._lock = threading.Lock()
         self._by_id: dict[str, Window] = {}
         self.active = False
+        # DDL statements seen by the binlog thread per (db, table), casefolded; ("", "") counts
+        # statements whose tables are unknown. Counted while `snapshotting` (table snapshots
+        # running, set by the event loop), so a table's shape is described again only after a DDL.
+        self._ddl: dict[tuple[str, str], int] = {}
+        self.snapshotting = 0
 
     # -- event loop side ----------------------------------------------------------------
 
@@ -116,10 +122,22 @@ class Windows:
                     for row in rows:
                         w.changed.extend(image for image in (row.get("before"), row.get("after")) if image)
 
+    @property
+    def watching(self) -> bool:
+        """Whether the binlog thread must report DDL: a window is open or a table snapshot runs."""
+        return self.active or self.snapshotting > 0
+
+    def ddl_mark(self, db: str, table: str) -> int:
+        """How many DDL statements that may touch `db.table` have been seen (call under the lock)."""
+        db = db.casefold()
+        return self._ddl.get((db, table.casefold()), 0) + self._ddl.get((db, ""), 0) + self._ddl.get(("", ""), 0)
+
     def on_ddl(self, tables: list[tuple[str, str]] | None, sql: str) -> None:
         """DDL between L and H may have changed what SELECT saw: such windows read again."""
         named = None if tables is None else {(db.casefold(), t.casefold()) for db, t in tables}
         with self._lock:
+            for name in named if named is not None else {("", "")}:
+                self._ddl[name] = self._ddl.get(name, 0) + 1
             for w in self._by_id.values():
                 db, table = w.db.casefold(), w.table.casefold()
                 if w.low_seen and (named is None or (db, table) in named or (db, "") in named):
@@ -142,7 +160,8 @@ class Windows:
                     continue
                 self._by_id.pop(w.id)
                 self.active = bool(self._by_id)
-            w.resolve(self._close(w, emit))
+                mark = self.ddl_mark(w.db, w.table)
+            w.resolve(replace(self._close(w, emit), ddl_mark=mark))
 
     @staticmethod
     def _close(w: Window, emit: Emit) -> Outcome:

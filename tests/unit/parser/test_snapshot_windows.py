@@ -306,7 +306,32 @@ def test_ddl_before_low_is_no_retry(h: Harness) -> None:
     h.marks(mark("w1", LOW))
     h.w.fill("w1", chunk(1))
     h.marks(mark("w1", HIGH))
-    assert h.outcome() == Outcome(emitted=1, scn=SCN)
+    assert h.outcome() == Outcome(emitted=1, scn=SCN, ddl_mark=2)
+
+
+def test_ddl_marks_count_what_may_touch_a_table() -> None:
+    w = Windows(SRC, WATERMARKS)
+    assert w.ddl_mark("shop", "orders") == 0 and not w.watching
+    w.on_ddl([("Shop", "ORDERS")], "ALTER TABLE ORDERS ADD c INT")
+    w.on_ddl([("shop", "")], "DROP DATABASE shop")
+    w.on_ddl(None, "CREATE FUNCTION f ...")
+    w.on_ddl([("shop", "other"), ("else", "orders")], "RENAME TABLE ...")
+    assert w.ddl_mark("shop", "orders") == 3
+    assert w.ddl_mark("SHOP", "Orders") == 3
+    assert w.ddl_mark("shop", "other") == 3  # its own, its database's, the unnamed one
+    assert w.ddl_mark("else", "x") == 1
+    w.snapshotting += 1
+    assert w.watching  # a running table snapshot hears DDL between its windows too
+
+
+def test_the_outcome_carries_the_ddl_mark_at_high(h: Harness) -> None:
+    h.w.on_ddl([("shop", "orders")], "ALTER TABLE orders ADD c INT")
+    h.open()
+    h.marks(mark("w1", LOW))
+    h.w.fill("w1", chunk(1))
+    h.marks(mark("w1", HIGH))
+    h.w.on_ddl([("shop", "orders")], "ALTER TABLE orders ADD d INT")
+    assert h.outcome() == Outcome(emitted=1, scn=SCN, ddl_mark=1)
 
 
 # -- keyless chunks ------------------------------------------------------------------------------
