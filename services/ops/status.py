@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -15,7 +16,7 @@ from nats.js import JetStreamContext
 from services.ops.common import nats_url, run
 from shared import jetstream, keys
 from shared import snapshots as snap
-from shared.assignment import owned
+from shared.assignment import owned, tables_per_partition
 from shared.errors import NatsUnavailable
 from shared.meta_client import MetaClient
 from shared.subjects import Names
@@ -40,7 +41,10 @@ async def _kv(js: JetStreamContext, bucket: str) -> dict[str, Any]:
     return out
 
 
-async def collect(url: str, prefix: str, source: str, partitions: int) -> dict[str, Any]:
+_PARTITIONS = re.compile(r"partition\((\d+),")
+
+
+async def collect(url: str, prefix: str, source: str, partitions: int | None) -> dict[str, Any]:
     names = Names(prefix)
     nc = await jetstream.connect(url, name="binlake-status", first_connect_s=3.0)
     try:
@@ -49,6 +53,11 @@ async def collect(url: str, prefix: str, source: str, partitions: int) -> dict[s
         for stream in (names.raw_stream, names.cdc_stream, names.dlq_stream):
             try:
                 info = await js.stream_info(stream)
+                transform = info.config.subject_transform
+                if stream == names.raw_stream and partitions is None and transform is not None:
+                    # The partition count the stream was created with, not a guess.
+                    found = _PARTITIONS.search(transform.dest or "")
+                    partitions = int(found.group(1)) if found else None
                 streams[stream] = {"messages": info.state.messages, "bytes": info.state.bytes,
                                    "first_seq": info.state.first_seq, "last_seq": info.state.last_seq}
             except nats.js.errors.NotFoundError:
@@ -57,14 +66,20 @@ async def collect(url: str, prefix: str, source: str, partitions: int) -> dict[s
         leases = await _kv(js, names.leases_bucket)
         prefix_len = len(keys.members_prefix(source))
         members = sorted(k for k in (await _kv(js, names.members_bucket)) if k.startswith(keys.members_prefix(source)))
-        owners = {p: keys.unescape_key(m[prefix_len:]) for m in members for p in owned(members, m, partitions)}
+        partitions = partitions or 16
+        tables: dict[int, int] = {}
+        if streams[names.raw_stream] is not None:  # the sinks spread tables, so their owners depend on them
+            raw = await js.stream_info(names.raw_stream, subjects_filter=names.raw_source_filter(source))
+            tables = tables_per_partition(names, source, raw.state.subjects or {})
+        owners = {p: keys.unescape_key(m[prefix_len:]) for m in members
+                  for p in owned(members, m, partitions, tables)}
         parser = cursors.get(keys.parser_cursor(source))
         now = int(time.time() * 1000)
         return {
             "source": source,
             "parser": {**parser, "age_s": round((now - parser["updated_ms"]) / 1000, 1),
                        "active": leases.get(keys.parser_lease(source))} if isinstance(parser, dict) else None,
-            "partitions": [{"partition": p, "owner": owners.get(p),
+            "partitions": [{"partition": p, "owner": owners.get(p), "tables": tables.get(p, 0),
                             "cursor": (cursors.get(keys.partition_cursor(source, p)) or {}).get("seq")}
                            for p in range(partitions)],
             "clients": _edge(await _clients(nc, names, source, cursors), streams.get(names.cdc_stream)),
@@ -158,7 +173,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="binlake status", description=__doc__)
     ap.add_argument("--source", default="main")
     ap.add_argument("--prefix", default="binlake")
-    ap.add_argument("--partitions", type=int, default=16)
+    ap.add_argument("--partitions", type=int, default=None,
+                    help="raw partitions (default: as BINLAKE_RAW was created with)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = ap.parse_args(sys.argv[1:])
     status = run("status", lambda: collect(nats_url(), args.prefix, args.source, args.partitions))

@@ -8,6 +8,7 @@ from services.sink.config import SinkConfig
 from services.sink.coordinator import Coordinator
 from services.sink.membership import Membership
 from services.sink.partition import PartitionSettings, PartitionWorker
+from services.sink.tables import PartitionTables
 from shared import jetstream, keys
 from shared.actor import Latest, run_all
 from shared.metrics import Registry
@@ -34,7 +35,11 @@ async def main(cfg: SinkConfig) -> None:
             settings = PartitionSettings(cfg.source, p, cfg.batch, cfg.cursor_interval_s, cfg.publish_timeout_s)
             return PartitionWorker(js, names, cursors, rules, settings, registry)
 
-        coordinator = Coordinator(view, keys.member(cfg.source, cfg.instance), cfg.partitions, make_worker,
+        tables: Latest[dict[int, int]] = Latest()
+        counter = PartitionTables(js, names, cfg.source, cfg.rebalance_s, tables)
+        if (counts := await counter.count()) is not None:
+            tables.set(counts)  # the first split already spreads the tables
+        coordinator = Coordinator(view, tables, keys.member(cfg.source, cfg.instance), cfg.partitions, make_worker,
                                   cfg.restart, registry)
         log.info("sink.start", instance=membership.key, partitions=cfg.partitions)
-        await run_all([membership.run, coordinator.run])
+        await run_all([membership.run, counter.run, coordinator.run])

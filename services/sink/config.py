@@ -12,6 +12,7 @@ from shared import config
 @dataclass(frozen=True, kw_only=True)
 class SinkConfig(config.ServiceConfig):
     member_ttl_s: float = 15.0  # outlasts a JetStream leader election (a few seconds)
+    rebalance_s: float = 30.0  # how often the tables per partition are counted again
     batch: int = 500
     cursor_interval_s: float = 1.0
     publish_timeout_s: float = 10.0

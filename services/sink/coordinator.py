@@ -1,8 +1,9 @@
 """Actor: run one PartitionWorker per owned partition and follow membership changes.
 
-When the member view changes, partitions this worker no longer owns are cancelled and new
-ones started. Overlap during a rebalance is harmless (the fence orders every subject); a
-partition halted by a dead letter stays stopped until the process restarts.
+When the member view or the count of tables per partition changes, partitions this worker
+no longer owns are cancelled and new ones started. Overlap during a rebalance is harmless
+(the fence orders every subject); a partition halted by a dead letter stays stopped until
+the process restarts.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from shared.metrics import Registry
 
 
 class Coordinator:
-    def __init__(self, view: Latest[frozenset[str]], me: str, partitions: int,
+    def __init__(self, view: Latest[frozenset[str]], tables: Latest[dict[int, int]], me: str, partitions: int,
                  make_worker: Callable[[int], PartitionWorker], restart: RestartPolicy, registry: Registry) -> None:
         self._view = view
+        self._tables = tables
+        self._members: frozenset[str] | None = None
         self._me = me
         self._n = partitions
         self._make = make_worker
@@ -35,30 +38,38 @@ class Coordinator:
 
     async def run(self) -> None:
         view_task: asyncio.Task[frozenset[str]] | None = None
+        tables_task: asyncio.Task[dict[int, int]] | None = None
         try:
             while True:
                 view_task = view_task or asyncio.create_task(self._view.get())
-                done, _ = await asyncio.wait([view_task, *self._tasks.values()], return_when=asyncio.FIRST_COMPLETED)
+                tables_task = tables_task or asyncio.create_task(self._tables.get())
+                done, _ = await asyncio.wait([view_task, tables_task, *self._tasks.values()],
+                                             return_when=asyncio.FIRST_COMPLETED)
                 for p, task in list(self._tasks.items()):
                     if task in done:
                         del self._tasks[p]
                         task.result()  # a fatal error of a partition ends the process
                 if view_task in done:
-                    self._rebalance(view_task.result())
+                    self._members = view_task.result()
                     view_task = None
+                if tables_task in done:
+                    tables_task = None
+                if self._members is not None and (view_task is None or tables_task is None):
+                    self._rebalance(self._members, self._tables.peek() or {})
         finally:
-            if view_task is not None:
-                view_task.cancel()
+            for t in (view_task, tables_task):
+                if t is not None:
+                    t.cancel()
             await self._stop(set(self._tasks))
 
-    def _rebalance(self, members: frozenset[str]) -> None:
-        mine = owned(members, self._me, self._n)
+    def _rebalance(self, members: frozenset[str], tables: dict[int, int]) -> None:
+        mine = owned(members, self._me, self._n, tables)
         lost = set(self._tasks) - mine
         gained = mine - set(self._tasks) - self.halted
         if lost or gained:
             self._rebalances.inc()
             self.log.info("sink.rebalance", members=len(members), owned=sorted(mine), lost=sorted(lost),
-                          gained=sorted(gained))
+                          gained=sorted(gained), tables=sum(tables.get(p, 0) for p in mine))
         for p in lost:
             self._tasks.pop(p).cancel()
         for p in sorted(gained):

@@ -95,3 +95,44 @@ def test_poisoned_message_goes_to_dead_letters_and_stops_its_partition(mariadb, 
                 for r in m.env["rows"]]
     assert cdc_rows == [1]
     assert sink.running, "other partitions keep running"
+
+
+def test_tables_are_spread_over_the_workers_not_partitions(mariadb, database, parser, sink_factory, nats_url):
+    """Eight tables that all hash to even partitions: round-robin would give one worker all of them."""
+    import json
+    import subprocess
+    import sys
+
+    from shared.subjects import escape_token, partition
+    from tests.integration.support import ROOT
+
+    db = database
+    names = [t for t in (f"t{i}" for i in range(400))
+             if partition(16, escape_token("main"), escape_token(db), escape_token(t)) % 2 == 0][:8]
+    mariadb.execute(*(f"CREATE TABLE `{db}`.`{t}` (id INT PRIMARY KEY)" for t in names))
+    mariadb.execute(*(f"INSERT INTO `{db}`.`{t}` VALUES (1), (2)" for t in names))
+    a, b = sink_factory("a", BINLAKE_REBALANCE_S="1"), sink_factory("b", BINLAKE_REBALANCE_S="1")
+
+    def split() -> tuple[dict[str, int], int]:
+        """Tables per owner as `binlake status` computes the split, and the most tables of one partition."""
+        out = subprocess.run([sys.executable, "-m", "services.cli", "status", "--json"], cwd=ROOT,
+                             env={"BINLAKE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"},
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        owners: dict[str, int] = {}
+        parts = json.loads(out.stdout)["partitions"]
+        for part in parts:
+            owners[part["owner"]] = owners.get(part["owner"], 0) + part["tables"]
+        return owners, max(part["tables"] for part in parts)
+
+    def balanced() -> bool:
+        owners, most = split()
+        return set(owners) == {"a", "b"} and abs(owners["a"] - owners["b"]) <= most and sum(owners.values()) >= 8
+
+    wait_until(balanced, 30, "the tables to be spread over both workers")
+    owners, _ = split()
+    for name, worker in (("a", a), ("b", b)):  # the workers' own split is the one status shows
+        wait_until(lambda w=worker, n=owners[name]: f'"tables": {n}, "event": "sink.rebalance"' in w.output, 10,
+                   f"worker {name} to log its {owners[name]} tables")
+    wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) >= 16, 60, "every row in BINLAKE_CDC")
+    assert a.running and b.running

@@ -69,3 +69,44 @@ def test_membership_changes_keep_the_invariants(before, after):
     for members in (before, after):
         parts = assignment(members, 16)
         assert sorted(itertools.chain.from_iterable(parts.values())) == list(range(16))
+
+
+def test_without_tables_it_is_round_robin_by_name():
+    members = ["b", "a", "c"]
+    for i, m in enumerate(sorted(members)):
+        assert owned(members, m, 16) == frozenset(p for p in range(16) if p % 3 == i)
+        assert owned(members, m, 16, {}) == owned(members, m, 16)
+
+
+def test_tables_are_spread_before_partitions():
+    # Round-robin would give "a" the even partitions: all six tables.
+    tables = {0: 2, 2: 2, 4: 1, 6: 1}
+    a, b = owned(["a", "b"], "a", 16, tables), owned(["a", "b"], "b", 16, tables)
+    assert a | b == frozenset(range(16)) and not a & b
+    assert sum(tables.get(p, 0) for p in a) == sum(tables.get(p, 0) for p in b) == 3
+    assert abs(len(a) - len(b)) <= 2  # the empty partitions still alternate
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tables_balance_within_the_largest_partition(seed):
+    rng = random.Random(seed)
+    members = [f"m{i}" for i in range(rng.randint(1, 6))]
+    tables = {p: rng.choice([0, 0, 1, 1, 2, 5]) for p in range(32)}
+    parts = {m: owned(members, m, 32, tables) for m in members}
+    assert sorted(itertools.chain.from_iterable(parts.values())) == list(range(32))
+    loads = [sum(tables[p] for p in ps) for ps in parts.values()]
+    assert max(loads) - min(loads) <= max(tables.values())  # greedy, heaviest first
+
+
+def test_tables_per_partition_counts_one_source_from_stored_subjects():
+    from shared.assignment import tables_per_partition
+    from shared.subjects import Names
+
+    names = Names("binlake")
+    subjects = [names.raw_stored("main", "shop", t, 16) for t in ("a", "b", "c", "d")]
+    subjects += [names.raw_stored("other", "shop", "a", 16), "binlake.raw.main._binlake.ddl", "junk"]
+    counts = tables_per_partition(names, "main", subjects)
+    assert sum(counts.values()) == 4
+    for t in ("a", "b", "c", "d"):
+        part = names.parse_raw_stored(names.raw_stored("main", "shop", t, 16))[1]
+        assert counts[part] >= 1
