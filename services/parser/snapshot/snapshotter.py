@@ -18,7 +18,7 @@ import asyncio
 import re
 import secrets
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import asyncmy.errors
@@ -42,7 +42,7 @@ from services.parser.snapshot.catalog import (
 )
 from services.parser.snapshot.values import row_decoder, row_size_check
 from services.parser.snapshot.watermarks import Watermarks, connect
-from services.parser.snapshot.windows import HIGH, LOW, Chunk, Outcome, Windows
+from services.parser.snapshot.windows import BOTH, HIGH, LOW, Chunk, Outcome, Windows
 from services.parser.values import DecodeStats
 from shared import keys
 from shared import snapshots as snap
@@ -58,6 +58,28 @@ RECONNECTS = 3  # lost snapshot connections in a row before the pipeline restart
 _RETRY_CODES = frozenset({1205, 1213})  # lock wait timeout, deadlock: read the chunk again
 _GONE_CODES = frozenset({1146})  # the table was dropped under the SELECT
 _DECODE_ERRORS = (UnicodeError, LookupError, ValueError)
+
+
+_STALE = "the table changed since its columns were read"
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A chunk read and handed to its window; the binlog thread settles `outcome` at its H."""
+
+    wid: str
+    outcome: asyncio.Future[Outcome]
+    shape: TableShape
+    known_mark: int | None  # the DDL mark its cached columns were confirmed at; None: described for it
+    rows: int
+    last_key: list[Any] | None
+    done: bool  # the table's last chunk
+
+
+@dataclass(frozen=True)
+class _Stop:
+    state: str
+    reason: str
 
 
 class TableFailed(Exception):
@@ -266,6 +288,7 @@ class Snapshotter:
     async def _table(self, key: str, p: snap.TableProgress, rev: int, slot: int) -> None:
         conn = await connect(self.dsn)
         commit: asyncio.Task[int] | None = None
+        sealed: _Read | None = None  # a chunk the last watermark closed, its outcome not yet settled
         self.windows.snapshotting += 1
         try:
             if p.state == snap.PENDING:
@@ -281,12 +304,36 @@ class Snapshotter:
                 while not p.finished:
                     if commit is not None and commit.done():
                         commit.result()  # a failed progress write stops the table now, not at its end
+                    before = p.retries
                     try:
-                        # Chunk k+1 is read while chunk k is still being published; progress is
+                        # Chunk k+1 is read while the binlog thread releases chunk k; progress is
                         # written in chunk order, each only after its rows were acknowledged.
-                        before = p.retries
-                        p, scn = await self._chunk(conn, p, slot)
+                        step: _Read | _Stop | str | None = await self._begin(conn, p, slot, sealed)
+                        if sealed is not None:
+                            p, scn, ok = await self._settle(sealed, p)
+                            sealed = None
+                            if ok:
+                                commit = asyncio.create_task(self._commit(key, p, scn, commit, rev))
+                            elif not isinstance(step, _Stop):  # chunk k is read again, and k+1 after it
+                                if isinstance(step, _Read):
+                                    self.windows.close(step.wid)
+                                step = None
+                        if isinstance(step, _Read) and step.done:
+                            await self.marks.write(conn, slot, step.wid, HIGH)  # nothing follows to close it
+                            p, scn, ok = await self._settle(step, p)
+                            if ok:
+                                commit = asyncio.create_task(self._commit(key, p, scn, commit, rev))
+                        elif isinstance(step, _Read):
+                            sealed = step
+                        elif isinstance(step, _Stop):
+                            p = self._stopped(p, step.state, step.reason)
+                            commit = asyncio.create_task(self._commit(key, p, None, commit, rev))
+                        elif isinstance(step, str):
+                            p = self._retry(p, step)
                     except SourceUnavailable:
+                        if sealed is not None:
+                            self.windows.close(sealed.wid)  # its rows are read again on the new connection
+                            sealed = None
                         reconnects += 1
                         if reconnects > RECONNECTS:
                             raise
@@ -302,7 +349,6 @@ class Snapshotter:
                         raise TableFailed(f"read again {retries} times in a row ({p.error or 'see the parser log'}); "
                                           "the table changes too often for a snapshot without a primary key, "
                                           "or keeps being altered")
-                    commit = asyncio.create_task(self._commit(key, p, scn, commit, rev))
             except (FatalError, TableFailed) as exc:
                 # This table cannot be snapshotted; change capture and the other tables go on.
                 p = self._stopped(p, snap.FAILED, str(exc))
@@ -312,6 +358,8 @@ class Snapshotter:
             self.log.info("snapshot.finished", table=p.name, state=p.state, rows=p.rows, chunks=p.chunks,
                           retries=p.retries, error=p.error)
         finally:
+            if sealed is not None:
+                self.windows.close(sealed.wid)  # else the window would hold its rows forever
             self.windows.snapshotting -= 1
             self._shapes.pop(p.name, None)
             if commit is not None and not commit.done():
@@ -333,72 +381,92 @@ class Snapshotter:
             await self.acked.wait_past(scn)
         return await self._save(key, p, rev)
 
-    async def _chunk(self, conn: Any, p: snap.TableProgress, slot: int) -> tuple[snap.TableProgress, int | None]:
-        """Read one chunk through a watermark window; the progress it leads to and the scn to wait for."""
+    async def _begin(self, conn: Any, p: snap.TableProgress, slot: int, sealed: _Read | None) -> _Read | _Stop | str:
+        """Open a window (its low watermark closes `sealed`'s) and read the chunk after `sealed`'s rows.
+
+        Returns the chunk read (its window open, filled), a stop of the table, or why this read
+        must be done again.
+        """
         loop = asyncio.get_running_loop()
-        outcome_fut: asyncio.Future[Outcome] = loop.create_future()
+        outcome: asyncio.Future[Outcome] = loop.create_future()
 
-        def settle(outcome: Outcome) -> None:
-            if not outcome_fut.done():
-                outcome_fut.set_result(outcome)
+        def settle(result: Outcome) -> None:
+            if not outcome.done():
+                outcome.set_result(result)
 
-        def resolve(outcome: Outcome) -> None:  # called from the binlog thread
-            loop.call_soon_threadsafe(settle, outcome)
+        def resolve(result: Outcome) -> None:  # called from the binlog thread
+            loop.call_soon_threadsafe(settle, result)
 
         wid = f"{p.run}.{p.chunks}.{secrets.token_hex(4)}"
-        known = self._shapes.pop(p.name, None)  # put back once this chunk confirms it
-        stale = "the table changed since its columns were read"
-        self.windows.open(wid, p.db, p.table, resolve)
+        known = self._shapes.get(p.name)
+        self.windows.open(wid, p.db, p.table, resolve, slot)
+        read: _Read | None = None
         try:
-            await self.marks.write(conn, slot, wid, LOW)
+            await self.marks.write(conn, slot, wid, BOTH if sealed is not None else LOW)
             try:
                 shape = known[0] if known is not None else await describe(conn, p.db, p.table, self.stats)
                 if shape is None:
-                    return self._stopped(p, snap.DROPPED, "the table no longer exists"), None
-                last = p.last_key
-                if (list(shape.key) != p.key or shape.key_sig != p.key_sig) and last is not None:
+                    return _Stop(snap.DROPPED, "the table no longer exists")
+                last, key, sig = (sealed.last_key, sealed.shape.key, sealed.shape.key_sig) if sealed is not None \
+                    else (p.last_key, tuple(p.key), p.key_sig)
+                if (shape.key != key or shape.key_sig != sig) and last is not None:
                     # The chunking key changed (ALTER TABLE): its order is another; start over.
-                    self.log.warning("snapshot.key_changed", table=p.name, old=p.key_sig, new=shape.key_sig)
+                    self.log.warning("snapshot.key_changed", table=p.name, old=sig, new=shape.key_sig)
                     last = None
-                p = replace(p, key=list(shape.key), key_kind=shape.key_kind, key_sig=shape.key_sig, last_key=last,
-                            estimate=max(p.estimate, shape.estimate))
-                rows, last_key = await self._read(conn, shape, p.last_key)
+                rows, last_key = await self._read(conn, shape, last)
             except UnsupportedColumn as exc:
                 raise TableFailed(str(exc)) from None
             except _DECODE_ERRORS as exc:
                 if known is not None:  # read with columns an ALTER changed: describe and read again
-                    return self._retry(p, stale), None
+                    self._shapes.pop(p.name, None)
+                    return _STALE
                 raise TableFailed(f"cannot decode a value of {p.name}: {exc!r}") from None
             except asyncmy.errors.MySQLError as exc:
                 code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 0
                 if code in _RETRY_CODES:
-                    return self._retry(p, str(exc)), None
+                    return str(exc)
                 if code in _GONE_CODES:
-                    return self._stopped(p, snap.DROPPED, "the table no longer exists"), None
+                    return _Stop(snap.DROPPED, "the table no longer exists")
                 err = map_mysql_error(exc, f"snapshot of {p.name}")
                 if isinstance(err, SourceUnavailable):
                     raise err from exc
                 if known is not None:
-                    return self._retry(p, f"{stale} ({exc.args[-1] if exc.args else exc})"), None
+                    self._shapes.pop(p.name, None)
+                    return f"{_STALE} ({exc.args[-1] if exc.args else exc})"
                 raise TableFailed(f"reading {p.name} failed: {exc.args[-1] if exc.args else exc}") from None
             self.windows.fill(wid, Chunk(shape.schema, shape.key, rows))
-            await self.marks.write(conn, slot, wid, HIGH)
-            outcome = await self._await(outcome_fut, p)
+            done = not shape.key or len(rows) < self.cfg.snapshot_chunk_rows
+            read = _Read(wid, outcome, shape, known[1] if known is not None else None, len(rows),
+                         last_key if rows else last, done)
+            return read
         finally:
-            self.windows.close(wid)
-        if outcome.retry is None and known is not None and outcome.ddl_mark != known[1]:
-            outcome = replace(outcome, retry=stale)  # a DDL between the describe and H: its rows may be off
+            if read is None:
+                self.windows.close(wid)
+
+    async def _settle(self, read: _Read, p: snap.TableProgress) -> tuple[snap.TableProgress, int | None, bool]:
+        """Wait for the binlog thread to close `read`'s window: the progress it leads to, the scn
+        to wait for, and whether the chunk was accepted (else it is read again)."""
+        try:
+            outcome = await self._await(read.outcome, p)
+        finally:
+            self.windows.close(read.wid)
+        if outcome.retry is None and read.known_mark is not None and outcome.ddl_mark != read.known_mark:
+            outcome = replace(outcome, retry=_STALE)  # a DDL between the describe and H: its rows may be off
         if outcome.retry:
+            self._shapes.pop(p.name, None)
             self._retries.inc()
             self.log.info("snapshot.retry", table=p.name, chunk=p.chunks, reason=outcome.retry)
-            return self._retry(p, outcome.retry), None
-        self._shapes[p.name] = (shape, known[1] if known is not None else outcome.ddl_mark)
-        done = not shape.key or len(rows) < self.cfg.snapshot_chunk_rows
-        p = p.advanced(last_key=last_key if rows else p.last_key, rows=outcome.emitted, now_ms=now_ms(), done=done)
+            return self._retry(p, outcome.retry), None, False
+        if read.known_mark is None:
+            self._shapes[p.name] = (read.shape, outcome.ddl_mark)
+        shape = read.shape
+        p = replace(p, key=list(shape.key), key_kind=shape.key_kind, key_sig=shape.key_sig,
+                    estimate=max(p.estimate, shape.estimate))
+        p = p.advanced(last_key=read.last_key, rows=outcome.emitted, now_ms=now_ms(), done=read.done)
         p = replace(p, error=None)
         self._chunks.inc()
-        await self.limiter.spend(len(rows))
-        return p, outcome.scn
+        await self.limiter.spend(read.rows)
+        return p, outcome.scn, True
 
     async def _read(self, conn: Any, shape: TableShape,
                     last_key: list[Any] | None) -> tuple[list[dict[str, Any]], list[Any] | None]:

@@ -1,7 +1,10 @@
 """DBLog watermark windows, shared by the snapshotter (event loop) and the binlog thread.
 
 For every chunk the snapshotter opens a window, writes the low watermark L into the source,
-SELECTs the chunk, hands it over (`fill`), and writes the high watermark H. The binlog thread
+SELECTs the chunk, hands it over (`fill`), and writes the high watermark H. Between two
+chunks of a table one write does both (B: the H of the slot's open window, then the L of
+the next), so a chunk costs one watermark write, and the next chunk is read while the
+binlog thread releases the one before. The binlog thread
 sees L, then every change in between, then H, in binlog order. At H it drops the chunk rows
 whose key changed between L and H (the binlog already carries their newer state) and emits
 the rest as `op = "r"` at H's position, inside the parser's own ordered, de-duplicated
@@ -19,7 +22,7 @@ from typing import Any
 
 from services.parser.columns import TableSchema
 
-LOW, HIGH = "L", "H"
+LOW, HIGH, BOTH = "L", "H", "B"
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class Window:
     db: str
     table: str
     resolve: Callable[[Outcome], None]
+    slot: int = 0
     low_seen: bool = False
     chunk: Chunk | None = None
     changed: list[dict[str, Any]] = field(default_factory=list)
@@ -92,9 +96,9 @@ class Windows:
 
     # -- event loop side ----------------------------------------------------------------
 
-    def open(self, window_id: str, db: str, table: str, resolve: Callable[[Outcome], None]) -> None:
+    def open(self, window_id: str, db: str, table: str, resolve: Callable[[Outcome], None], slot: int = 0) -> None:
         with self._lock:
-            self._by_id[window_id] = Window(window_id, db, table, resolve)
+            self._by_id[window_id] = Window(window_id, db, table, resolve, slot)
             self.active = True
 
     def fill(self, window_id: str, chunk: Chunk) -> None:
@@ -144,24 +148,29 @@ class Windows:
                     w.spoiled = f"DDL between the watermarks: {sql[:120]}"
 
     def on_watermark(self, rows: list[dict[str, Any]], emit: Emit) -> None:
-        """A write to the watermark table; at H, `emit` publishes the surviving rows."""
+        """A write to the watermark table; at H (or B), `emit` publishes the surviving rows."""
         for row in rows:
             image = row.get("after") or {}
             if image.get("src") != self.source:
                 continue
+            mark, wid = image.get("mark"), str(image.get("win"))
+            closing: list[tuple[Window, int]] = []
             with self._lock:
-                w = self._by_id.get(str(image.get("win")))
-                if w is None:
-                    continue  # another run's window (this one restarted since); nothing waits for it
-                if image.get("mark") == LOW:
+                w = self._by_id.get(wid)
+                if mark == BOTH:  # the high watermark of the slot's window that saw its low one
+                    closing = [(x, 0) for x in self._by_id.values()
+                               if x.slot == image.get("slot") and x.low_seen and x.id != wid]
+                elif mark == HIGH and w is not None:
+                    closing = [(w, 0)]
+                if mark in (LOW, BOTH) and w is not None:
                     w.low_seen = True
-                    continue
-                if image.get("mark") != HIGH:
-                    continue
-                self._by_id.pop(w.id)
+                for x, _ in closing:
+                    self._by_id.pop(x.id)
+                closing = [(x, self.ddl_mark(x.db, x.table)) for x, _ in closing]
                 self.active = bool(self._by_id)
-                mark = self.ddl_mark(w.db, w.table)
-            w.resolve(replace(self._close(w, emit), ddl_mark=mark))
+            # No window: another run's (this one restarted since); nothing waits for it.
+            for x, ddl in closing:
+                x.resolve(replace(self._close(x, emit), ddl_mark=ddl))
 
     @staticmethod
     def _close(w: Window, emit: Emit) -> Outcome:

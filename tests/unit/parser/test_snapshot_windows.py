@@ -8,7 +8,7 @@ import pytest
 
 from services.parser import values as v
 from services.parser.columns import Column, TableSchema
-from services.parser.snapshot.windows import HIGH, LOW, Chunk, Outcome, Windows, row_key, surviving
+from services.parser.snapshot.windows import BOTH, HIGH, LOW, Chunk, Outcome, Windows, row_key, surviving
 
 SRC = "main"
 WATERMARKS = ("binlake", "watermarks")
@@ -332,6 +332,50 @@ def test_the_outcome_carries_the_ddl_mark_at_high(h: Harness) -> None:
     h.marks(mark("w1", HIGH))
     h.w.on_ddl([("shop", "orders")], "ALTER TABLE orders ADD d INT")
     assert h.outcome() == Outcome(emitted=1, scn=SCN, ddl_mark=1)
+
+
+# -- B: the high watermark of one chunk and the low one of the next in one write ----------------
+
+
+def test_both_closes_the_slots_window_and_opens_the_next(h: Harness) -> None:
+    h.open("w1")
+    h.marks(mark("w1", LOW))
+    h.w.on_rows("shop", "orders", [upd(row(2), row(2, "y"))])  # between L1 and B: drops row 2 of chunk 1
+    h.w.fill("w1", chunk(1, 2))
+    h.open("w2")
+    h.marks(mark("w2", BOTH))
+    assert h.outcome("w1") == Outcome(emitted=1, scn=SCN)
+    assert [r for _, rows in h.emitted for r in rows] == [row(1)]
+    h.w.on_rows("shop", "orders", [upd(row(3), row(3, "y"))])  # after B: only chunk 2's window sees it
+    h.w.fill("w2", chunk(3, 4))
+    h.marks(mark("w2", HIGH))
+    assert h.outcome("w2") == Outcome(emitted=1, scn=SCN)
+    assert [r for _, rows in h.emitted for r in rows] == [row(1), row(4)]
+    assert not h.w.active
+
+
+def test_both_leaves_other_slots_and_windows_without_low_alone(h: Harness) -> None:
+    h.outcomes["other"] = []
+    h.w.open("other", "shop", "orders", h.outcomes["other"].append, slot=1)
+    h.marks(mark("other", LOW, slot=1))
+    h.open("w1")  # slot 0, its low not seen yet
+    h.open("w2")
+    h.marks(mark("w2", BOTH))
+    assert h.outcomes["other"] == [] and h.outcomes["w1"] == [] and h.outcomes["w2"] == []
+    h.w.fill("other", chunk(7))
+    h.marks(mark("other", HIGH, slot=1))
+    assert h.outcome("other") == Outcome(emitted=1, scn=SCN)
+
+
+def test_both_for_a_closed_window_still_closes_the_one_before(h: Harness) -> None:
+    h.open("w1")
+    h.marks(mark("w1", LOW))
+    h.w.fill("w1", chunk(1))
+    h.open("w2")
+    h.w.close("w2")  # the snapshotter gave up the next read (e.g. the table was dropped)
+    h.marks(mark("w2", BOTH))
+    assert h.outcome("w1") == Outcome(emitted=1, scn=SCN)
+    assert not h.w.active
 
 
 # -- keyless chunks ------------------------------------------------------------------------------
