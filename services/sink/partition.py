@@ -5,6 +5,13 @@ message is handled: published, already present, or filtered. It only moves forwa
 (compare-and-set), and only after every publish before it was acknowledged. A message that
 cannot be processed goes to the dead-letter subject with its reason and halts the
 partition: nothing after it is handled until an operator fixes the cause and restarts.
+
+Retention never skips silently. A partition's messages are a sparse subset of BINLAKE_RAW,
+so a jump in stream sequences is normal; whether the stream's limits removed messages inside
+a jump shows in its first sequence. Before a cursor that passed a jump is written, the stream
+must still start at or before the position the jump began at, or the partition halts with
+the gap named. The cursor also records `seen`: the stream position up to which an idle
+partition had nothing left, so an idle partition's old cursor is no false alarm.
 """
 
 from __future__ import annotations
@@ -31,10 +38,11 @@ from shared.ordered_reader import OrderedReader
 from shared.subjects import Names
 
 DROPPED_HEADERS = ("Nats-Expected-Last-Msg-Id",)
+SEEN_EVERY = 10  # cursor intervals between an idle partition's records of how far nothing of it is left
 
 
 class PartitionHalted(FatalError):
-    """A poisoned message stopped this partition; it is in the dead-letter stream."""
+    """A poisoned message or a retention gap stopped this partition."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,12 @@ class PartitionWorker:
         self._key = keys.partition_cursor(settings.source, settings.partition)
         self._table_rules: dict[tuple[str, str], tuple[bool, TableRules]] = {}
         self._cursor = 0
+        self._seen = 0  # every message of this partition up to this raw sequence is handled
+        self._unverified: int | None = None  # where a jump not yet checked against retention began
+        self._reader: OrderedReader | None = None
+        self._seen_at = 0.0
         self._committed = -1
+        self._committed_seen = 0
         self._revision: int | None = None
         self._committed_at = 0.0
         p = str(settings.partition)
@@ -68,13 +81,17 @@ class PartitionWorker:
         self._skipped = registry.counter("sink_events_present_total", "Replayed events already in BINLAKE_CDC")
         self._lag = registry.gauge("sink_partition_lag", "Raw messages not yet handled, per partition")
         self._dlq = registry.counter("sink_dead_letters_total", "Events sent to the dead-letter subject")
+        self._gaps = registry.counter("sink_retention_gaps_total", "Raw messages removed before the sink read them")
         self.log = structlog.get_logger().bind(actor=f"partition.{p}")
 
     async def run(self) -> None:
         await self._load_cursor()
-        reader = OrderedReader(self._js, self._names.raw_stream,
-                           self._names.raw_partition_filter(self._s.source, self._s.partition),
-                           self._cursor + 1, self._s.batch)
+        if self._handled > 0:  # a partition that never handled anything starts where the stream starts
+            self._unverified = self._handled
+            await self._verify()
+        reader = self._reader = OrderedReader(self._js, self._names.raw_stream,
+                                              self._names.raw_partition_filter(self._s.source, self._s.partition),
+                                              self._cursor + 1, self._s.batch)
         fence = SubjectFence(self._js, self._names.cdc_stream, self._s.publish_timeout_s,
                              atomic=await jetstream.allows_atomic(self._js, self._names.cdc_stream))
         self.log.info("partition.start", cursor=self._cursor, atomic_batches=fence.atomic)
@@ -90,7 +107,7 @@ class PartitionWorker:
             await reader.close()
             if self._revision is not None:
                 try:
-                    await asyncio.shield(self._commit())
+                    await asyncio.shield(self._commit(final=True))
                 except Exception as exc:  # the next owner replays from the older cursor; fenced
                     self.log.warning("partition.final_commit_failed", error=repr(exc))
 
@@ -98,6 +115,9 @@ class PartitionWorker:
         outs: list[Out] = []
         poison: tuple[Msg, str] | None = None
         last_ok = self._cursor
+        first = msgs[0].metadata.sequence.stream
+        if self._unverified is None and first > self._handled + 1:
+            self._unverified = self._handled  # other partitions' messages, or removed ones: _verify tells
         for m in msgs:
             seq = m.metadata.sequence.stream
             try:
@@ -165,26 +185,72 @@ class PartitionWorker:
         self.log.error("partition.halted", raw_seq=seq, subject=m.subject, reason=reason)
         raise PartitionHalted(f"partition {self._s.partition} stopped at raw seq {seq}: {reason}")
 
+    @property
+    def _handled(self) -> int:
+        return max(self._cursor, self._seen)
+
+    async def _verify(self) -> None:
+        """Halt on a retention gap after the unverified jump; when idle, record how far all is handled."""
+        drained = self._reader is not None and self._reader.drained and \
+            time.monotonic() - self._seen_at >= SEEN_EVERY * self._s.cursor_interval_s
+        if self._unverified is None and not drained:
+            return
+        try:
+            state = (await self._js.stream_info(self._names.raw_stream)).state
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+            raise NatsUnavailable(f"stream {self._names.raw_stream}: {exc!r}") from exc
+        if self._unverified is not None:
+            if state.first_seq > self._unverified + 1:
+                await self._retention_gap(self._unverified, state.first_seq)
+            self._unverified = None
+        if drained and self._reader is not None:
+            self._seen_at = time.monotonic()
+            # Asked after the stream's last sequence: nothing pending then means none of ours up to it.
+            delivered = await self._reader.delivered_all()
+            if delivered is not None and delivered <= self._cursor:
+                self._seen = max(self._seen, state.last_seq)
+
+    async def _retention_gap(self, handled: int, first: int) -> None:
+        self._gaps.inc(partition=self._p)
+        reason = (f"BINLAKE_RAW no longer holds sequences {handled + 1}..{first - 1}, removed by its limits "
+                  f"(7 days by default) or by hand before partition {self._s.partition} handled them: changes of "
+                  "its tables may be lost. Keep sinks running within the limits; to go on, snapshot the "
+                  f"partition's tables again (binlake snapshot) and move its cursor past the gap: nats kv put "
+                  f"{self._names.cursors_bucket} {self._key} '{{\"seq\": {first - 1}}}', then restart the sink")
+        self.log.error("partition.retention_gap", handled=handled, stream_first_seq=first, reason=reason)
+        raise PartitionHalted(f"partition {self._s.partition}: {reason}")
+
     async def _load_cursor(self) -> None:
         try:
             entry = await self._cursors.get(self._key)
         except nats.js.errors.KeyNotFoundError:
             self._cursor, self._revision = 0, None
             return
-        self._cursor = self._committed = int(json.loads(entry.value or b"{}").get("seq", 0))
+        value = json.loads(entry.value or b"{}")
+        self._cursor = self._committed = int(value.get("seq", 0))
+        self._seen = self._committed_seen = int(value.get("seen", 0))
         self._revision = entry.revision
 
-    async def _commit(self) -> None:
+    async def _commit(self, *, final: bool = False) -> None:
         self._committed_at = time.monotonic()
-        if self._cursor == self._committed:
+        if not final:
+            await self._verify()
+        # A cursor never passes a jump not checked against retention (only a final commit skips the check).
+        cursor = self._cursor if self._unverified is None else min(self._cursor, self._unverified)
+        seen = self._seen if self._unverified is None else 0
+        if cursor == self._committed and seen == self._committed_seen:
             return
-        value = json.dumps({"seq": self._cursor, "updated_ms": int(time.time() * 1000)}).encode()
-        cursor = self._cursor
+        value = json.dumps({"seq": cursor, "seen": seen, "updated_ms": int(time.time() * 1000)}).encode()
         try:
             written = await cas.write_forward(self._cursors, self._key, value, self._revision,
-                                              lambda stored: int(json.loads(stored or b"{}").get("seq", 0)) >= cursor)
+                                              lambda stored: _stored(stored) >= (cursor, seen))
         except nats.errors.Error as exc:
             raise NatsUnavailable(f"cursor {self._key}: {exc!r}") from exc
         self._revision = written.revision
         if written.stored:
-            self._committed = cursor
+            self._committed, self._committed_seen = cursor, seen
+
+
+def _stored(value: bytes | None) -> tuple[int, int]:
+    stored = json.loads(value or b"{}")
+    return int(stored.get("seq", 0)), int(stored.get("seen", 0))

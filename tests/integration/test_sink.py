@@ -136,3 +136,78 @@ def test_tables_are_spread_over_the_workers_not_partitions(mariadb, database, pa
                    f"worker {name} to log its {owners[name]} tables")
     wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) >= 16, 60, "every row in BINLAKE_CDC")
     assert a.running and b.running
+
+
+@pytest.mark.timeout(240)
+def test_raw_messages_removed_before_the_sink_read_them_halt_the_partition(mariadb, database, parser, sink_factory,
+                                                                          nats_url):
+    """Retention never skips silently: the partition stops and says which sequences are gone."""
+    from nats.js.api import DiscardPolicy
+
+    db = database
+    mariadb.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY)", f"INSERT INTO `{db}`.t VALUES (1)")
+    a = sink_factory("a", BINLAKE_CURSOR_INTERVAL_S="0.2")
+    wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) >= 1, 60, "the first row in CDC")
+    a.stop()
+    mariadb.execute(*(f"INSERT INTO `{db}`.t VALUES ({i})" for i in range(2, 32)))  # 30 transactions
+    wait_until(lambda: sum(1 for m in row_changes(read_stream_sync(nats_url), db)) >= 31, 60, "30 more in RAW")
+
+    async def trim() -> None:
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            cfg = (await js.stream_info("BINLAKE_RAW")).config
+            cfg.max_msgs, cfg.discard = 5, DiscardPolicy.OLD
+            await js.update_stream(cfg)
+        finally:
+            await nc.close()
+
+    asyncio.run(trim())
+    b = sink_factory("b", BINLAKE_CURSOR_INTERVAL_S="0.2")
+    wait_until(lambda: '"partition.retention_gap"' in b.output, 60, "the partition to halt on the gap")
+    line = next(x for x in b.output.splitlines() if '"partition.retention_gap"' in x)
+    assert "BINLAKE_RAW no longer holds sequences" in line and "nats kv put" in line, line
+    time.sleep(2)
+    assert count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) == 1, "rows after the gap were published"
+    assert b.running  # the other partitions go on
+
+
+@pytest.mark.timeout(240)
+def test_an_idle_partition_whose_old_messages_age_out_is_no_false_alarm(mariadb, database, parser, sink_factory,
+                                                                         nats_url):
+    from nats.js.api import DiscardPolicy
+
+    from shared.subjects import escape_token, partition
+
+    db = database
+
+    def part(t: str) -> int:
+        return partition(16, escape_token("main"), escape_token(db), escape_token(t))
+
+    busy = "t"
+    idle = next(t for t in (f"u{i}" for i in range(100)) if part(t) != part(busy))
+    mariadb.execute(f"CREATE TABLE `{db}`.{busy} (id INT PRIMARY KEY)",
+                    f"CREATE TABLE `{db}`.{idle} (id INT PRIMARY KEY)", f"INSERT INTO `{db}`.{idle} VALUES (1)",
+                    f"INSERT INTO `{db}`.{busy} VALUES (1)")
+    a = sink_factory("a", BINLAKE_CURSOR_INTERVAL_S="0.2")
+    mariadb.execute(*(f"INSERT INTO `{db}`.{busy} VALUES ({i})" for i in range(2, 32)))
+    wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) >= 32, 60, "every row in CDC")
+    time.sleep(3)  # the idle partition records that the stream holds nothing more of it
+
+    async def trim() -> None:
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            cfg = (await js.stream_info("BINLAKE_RAW")).config
+            cfg.max_msgs, cfg.discard = 5, DiscardPolicy.OLD
+            await js.update_stream(cfg)
+        finally:
+            await nc.close()
+
+    asyncio.run(trim())  # the idle table's only message is gone, long handled
+    time.sleep(1)
+    a.stop()
+    b = sink_factory("b", BINLAKE_CURSOR_INTERVAL_S="0.2")
+    mariadb.execute(f"INSERT INTO `{db}`.{idle} VALUES (2)", f"INSERT INTO `{db}`.{busy} VALUES (100)")
+    wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) >= 34, 60, "the new rows in CDC")
+    assert '"partition.retention_gap"' not in b.output + a.output

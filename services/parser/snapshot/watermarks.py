@@ -1,8 +1,9 @@
 """The watermark table in the source, and the snapshot's own connection to the source.
 
 Each chunk writes a low and a high watermark into `binlake.watermarks` (configurable); between
-two chunks of a table one write is both (mark `B`). The writes are ordinary autocommit transactions, so they land in the binlog
-between the changes around them; the parser recognises them and never publishes them.
+two chunks of a table one write is both (mark `B`). The writes are ordinary autocommit
+transactions, so they land in the binlog between the changes around them; the parser
+recognises them and never publishes them.
 One row per (source, slot) is overwritten again and again, so the table stays tiny.
 """
 
