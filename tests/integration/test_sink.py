@@ -12,6 +12,7 @@ import nats
 import pytest
 
 from tests.integration.support import (
+    ServiceProcess,
     StoredMsg,
     assert_table_order,
     count_rows,
@@ -132,8 +133,12 @@ def test_tables_are_spread_over_the_workers_not_partitions(mariadb, database, pa
     wait_until(balanced, 30, "the tables to be spread over both workers")
     owners, _ = split()
     for name, worker in (("a", a), ("b", b)):  # the workers' own split is the one status shows
-        wait_until(lambda w=worker, n=owners[name]: f'"tables": {n}, "event": "sink.rebalance"' in w.output, 10,
-                   f"worker {name} to log its {owners[name]} tables")
+        logged = f'"tables": {owners[name]}, "event": "sink.rebalance"'
+
+        def said(w: ServiceProcess = worker, text: str = logged) -> bool:
+            return text in w.output
+
+        wait_until(said, 10, f"worker {name} to log its {owners[name]} tables")
     wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) >= 16, 60, "every row in BINLAKE_CDC")
     assert a.running and b.running
 
