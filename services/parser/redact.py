@@ -45,9 +45,17 @@ class _Token(NamedTuple):
     end: int
 
 
+# Table options whose text may carry a remote server's credentials: FEDERATED / CONNECT /
+# Spider `CONNECTION='mysql://user:secret@host/db/t'`, Spider's `COMMENT='... password "x"'`,
+# CONNECT's `OPTION_LIST='user=u,password=x'`.
+_LINK_OPTIONS = frozenset({"CONNECTION", "COMMENT", "OPTION_LIST"})
+_URL_SECRET = re.compile(r"(://[^:/@\s'\"]*:)([^@\s'\"]*)(@)")
+_NAMES_PASSWORD = re.compile(r"password", re.IGNORECASE)
+_SPIDER_PASSWORD = re.compile(r"\bpassword\s+(?:\"|''|\\')", re.IGNORECASE)  # inside a literal
+
 # Every form a secret comes in names one of these words (IDENTIFIED ..., PASSWORD(...),
-# SET PASSWORD, *_PASSWORD, OPTIONS (PASSWORD ...)).
-_MAY_HOLD_SECRET = re.compile(r"identified|password", re.IGNORECASE)
+# SET PASSWORD, *_PASSWORD, OPTIONS (PASSWORD ...), CONNECTION='scheme://user:secret@...').
+_MAY_HOLD_SECRET = re.compile(r"identified|password|connection", re.IGNORECASE)
 
 
 def redact(sql: str, sql_mode: int = 0) -> str:
@@ -58,13 +66,15 @@ def redact(sql: str, sql_mode: int = 0) -> str:
     if not _MAY_HOLD_SECRET.search(sql):  # every BEGIN and most DDL: no lexing on the hot path
         return sql
     tokens = list(_lex(sql, backslash=not sql_mode & NO_BACKSLASH_ESCAPES, ansi_quotes=bool(sql_mode & ANSI_QUOTES)))
-    secrets = _secrets(tokens)
+    secrets = [(tok, MASK) for tok in _secrets(tokens)] + _link_secrets(tokens)
     if not secrets:
         return sql
     out: list[str] = []
     pos = 0
-    for tok in secrets:
-        out += [sql[pos:tok.start], MASK]
+    for tok, masked in sorted(secrets, key=lambda x: x[0].start):
+        if tok.start < pos:
+            continue  # already masked whole
+        out += [sql[pos:tok.start], masked]
         pos = tok.end
     out.append(sql[pos:])
     return "".join(out)
@@ -125,6 +135,33 @@ def _quoted_end(sql: str, pos: int, *, backslash: bool) -> int:
         else:
             i += 1
     return n
+
+
+def _link_secrets(tokens: list[_Token]) -> list[tuple[_Token, str]]:
+    """Credentials inside a CONNECTION / COMMENT / OPTION_LIST option, with what replaces them.
+
+    A URL keeps everything but its password (`mysql://u:***@host/db/t`); any other such table
+    option that names a password is masked whole. Inside parentheses (a column's or a Spider
+    partition's COMMENT) only a Spider parameter (`password "x"`) counts.
+    """
+    out: list[tuple[_Token, str]] = []
+    depth = 0
+    for i, tok in enumerate(tokens):
+        if tok.kind == "sym":
+            depth += {"(": 1, ")": -1}.get(tok.text, 0)
+            continue
+        if tok.kind != "lit" or i == 0:
+            continue
+        p1, p2 = tokens[i - 1], tokens[i - 2] if i >= 2 else None
+        named = p1 if p1.kind == "word" else p2 if (p1.text == "=" and p2 is not None and p2.kind == "word") else None
+        if named is None or named.text not in _LINK_OPTIONS:
+            continue
+        text = _URL_SECRET.sub(r"\1***\3", tok.text) if named.text == "CONNECTION" else tok.text
+        if (_SPIDER_PASSWORD if depth > 0 else _NAMES_PASSWORD).search(text):
+            out.append((tok, MASK))
+        elif text != tok.text:
+            out.append((tok, text))
+    return out
 
 
 def _secrets(tokens: list[_Token]) -> list[_Token]:

@@ -15,6 +15,7 @@ from tests.integration.support import ServiceProcess, wait_until
 from tests.servers import MariaDB
 
 SECRETS = ("S3cret", "S3cret2", "S3cret3")
+LINK_SECRET = "L1nkS3cret"  # a remote server's password in a table option
 
 
 async def everything_stored(nats_url: str) -> dict[str, list[bytes]]:
@@ -71,18 +72,20 @@ def test_account_statements_are_published_redacted(
         f"SET PASSWORD FOR {user} = PASSWORD('S3cret3')",
     ]
     table_ddl = f"CREATE TABLE `{database}`.t (id INT PRIMARY KEY, note VARCHAR(40) DEFAULT 'IDENTIFIED BY x')"
+    # Any engine keeps the CONNECTION option; FEDERATED, CONNECT and Spider log in with it.
+    link_ddl = f"CREATE TABLE `{database}`.linked (id INT PRIMARY KEY) CONNECTION='mysql://fed:{LINK_SECRET}@h:3306/d/t'"
     hashes = [str(mariadb.query("SELECT PASSWORD(%s)", s)[0][0]) for s in SECRETS]
     meta = service_factory("services.meta", "meta")
     parser = parser_factory()
     sink = sink_factory("sink")
     try:
-        mariadb.execute(*statements, table_ddl, f"INSERT INTO `{database}`.t VALUES (1, DEFAULT)")
+        mariadb.execute(*statements, table_ddl, link_ddl, f"INSERT INTO `{database}`.t VALUES (1, DEFAULT)")
         names = Names()
 
         # MariaDB logs SET PASSWORD with the hash: SET PASSWORD FOR 'u'@'%'='*94BD...'.
         expected = [(f"CREATE USER {user} IDENTIFIED BY '***'",), (f"ALTER USER {user} IDENTIFIED BY '***'",),
                     (f"GRANT SELECT ON *.* TO {user}",), (f"SET PASSWORD FOR {user}", "'***'"),
-                    ("DEFAULT 'IDENTIFIED BY x'",)]
+                    ("DEFAULT 'IDENTIFIED BY x'",), ("CONNECTION='mysql://fed:***@h:3306/d/t'",)]
         places = (names.raw_stream, names.cdc_stream, f"KV_{names.schema_bucket}")
 
         def all_there() -> dict[str, list[bytes]] | None:
@@ -95,7 +98,7 @@ def test_account_statements_are_published_redacted(
     finally:
         mariadb.execute(f"DROP USER IF EXISTS {user}")
 
-    leaks = [s.encode() for s in SECRETS + tuple(hashes)]
+    leaks = [s.encode() for s in (*SECRETS, LINK_SECRET, *hashes)]
     for stream, msgs in stored.items():
         for m in msgs:
             assert not any(leak in m for leak in leaks), (stream, m)
@@ -106,4 +109,4 @@ def test_account_statements_are_published_redacted(
             assert not any(leak in key.encode() or leak in value for leak in leaks), (bucket, key, value)
     for proc in (parser, sink, meta):
         assert proc.running, proc.output
-        assert not any(s in proc.output for s in SECRETS + tuple(hashes)), proc.output
+        assert not any(s in proc.output for s in (*SECRETS, LINK_SECRET, *hashes)), proc.output

@@ -74,6 +74,17 @@ REDACTED = [
     ("CREATE USER u /*M!100100 IDENTIFIED VIA ed25519 USING PASSWORD('S3cret') */",
      "CREATE USER u /*M!100100 IDENTIFIED VIA ed25519 USING PASSWORD('***') */"),
     ("CREATE USER u IDENTIFIED BY /* 'decoy' */ 'S3cret'", "CREATE USER u IDENTIFIED BY /* 'decoy' */ '***'"),
+    # a remote server's credentials in FEDERATED / CONNECT / Spider table options
+    ("CREATE TABLE t (id INT) ENGINE=FEDERATED CONNECTION='mysql://fed:S3cret@10.0.0.1:3306/db/t'",
+     "CREATE TABLE t (id INT) ENGINE=FEDERATED CONNECTION='mysql://fed:***@10.0.0.1:3306/db/t'"),
+    ("ALTER TABLE t CONNECTION 'mysql://u:S3cret@h/db/t'", "ALTER TABLE t CONNECTION 'mysql://u:***@h/db/t'"),
+    ("CREATE TABLE t (id INT) ENGINE=CONNECT TABLE_TYPE=MYSQL OPTION_LIST='user=u,password=S3cret'",
+     "CREATE TABLE t (id INT) ENGINE=CONNECT TABLE_TYPE=MYSQL OPTION_LIST='***'"),
+    ("CREATE TABLE t (id INT) ENGINE=SPIDER COMMENT='wrapper \"mysql\", user \"u\", password \"S3cret\"'",
+     "CREATE TABLE t (id INT) ENGINE=SPIDER COMMENT='***'"),
+    ("CREATE TABLE t (id INT) ENGINE=SPIDER PARTITION BY HASH (id) (PARTITION p0 COMMENT = "
+     "'srv \"s1\", password \"S3cret\"')",
+     "CREATE TABLE t (id INT) ENGINE=SPIDER PARTITION BY HASH (id) (PARTITION p0 COMMENT = '***')"),
     # statements in a routine body
     ("CREATE PROCEDURE p() BEGIN CREATE USER u IDENTIFIED BY 'S3cret'; SELECT 'kept'; END",
      "CREATE PROCEDURE p() BEGIN CREATE USER u IDENTIFIED BY '***'; SELECT 'kept'; END"),
@@ -91,6 +102,8 @@ UNCHANGED = [
     "GRANT SELECT ON *.* TO 'u1'@'%'",
     "DROP USER 'u1'@'%'",
     "CREATE TABLE t (a INT) /* IDENTIFIED BY 'comment' */",
+    "CREATE TABLE t (id INT) ENGINE=FEDERATED CONNECTION='remote_server/t'",
+    "CREATE TABLE connection (id INT COMMENT 'the password column''s twin') COMMENT='plain'",
     "BEGIN",
     "",
 ]
