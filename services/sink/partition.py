@@ -35,7 +35,7 @@ from shared import cas, envelope, jetstream, keys
 from shared.errors import FatalError, NatsUnavailable
 from shared.metrics import Registry
 from shared.ordered_reader import OrderedReader
-from shared.subjects import Names
+from shared.subjects import INTERNAL_TOKEN, Names
 
 DROPPED_HEADERS = ("Nats-Expected-Last-Msg-Id",)
 SEEN_EVERY = 10  # cursor intervals between an idle partition's records of how far nothing of it is left
@@ -140,6 +140,7 @@ class PartitionWorker:
         # strings valid UTF-8 (a check that skipping the rows would lose).
         env = envelope.as_dict(envelope.decode(m.data))
         db, table = env.get("db"), env.get("table")
+        cdc_subject = self._route(m.subject, env)
         data = m.data
         shaped: dict[str, Any] | None = env
         if table is not None and env["op"] != "hb":
@@ -147,7 +148,10 @@ class PartitionWorker:
             if not allowed:
                 self._filtered.inc(partition=self._p)
                 return None
-            shaped = self._rules.apply(env, table_rules)
+            try:
+                shaped = self._rules.apply(env, table_rules)
+            except (TypeError, KeyError, AttributeError, ValueError) as exc:  # rows not shaped as DESIGN §4
+                raise envelope.EnvelopeError(f"the sink rules cannot apply to its rows: {exc!r}") from exc
             if shaped is None:
                 self._filtered.inc(partition=self._p)
                 return None
@@ -157,7 +161,22 @@ class PartitionWorker:
             schema_id = envelope.schema_id_of(shaped)
             if schema_id:
                 headers["Binlake-Schema"] = schema_id
-        return Out(self._names.cdc_from_raw_stored(m.subject), data, headers, seq)
+        return Out(cdc_subject, data, headers, seq)
+
+    def _route(self, subject: str, env: dict[str, Any]) -> str:
+        """The CDC subject of a raw message, which must be the one its envelope names."""
+        try:
+            source, _, db, table = self._names.parse_raw_stored(subject)
+        except ValueError:
+            raise envelope.EnvelopeError(f"{subject!r} is not a raw subject binlake publishes to") from None
+        if source != self._s.source or source != env.get("source"):
+            raise envelope.EnvelopeError(f"source {env.get('source')!r} on subject {subject!r} of source "
+                                         f"{self._s.source!r}")
+        if env.get("table") is not None and (db, table) != (env.get("db"), env.get("table")):
+            raise envelope.EnvelopeError(f"envelope of {env.get('db')}.{env.get('table')} on subject {subject!r}")
+        if env.get("table") is None and db != INTERNAL_TOKEN:
+            raise envelope.EnvelopeError(f"envelope without a table on the table subject {subject!r}")
+        return self._names.cdc_from_raw_stored(subject)
 
     def _rules_for(self, db: str, table: str) -> tuple[bool, TableRules]:
         cached = self._table_rules.get((db, table))
