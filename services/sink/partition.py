@@ -64,6 +64,7 @@ class PartitionWorker:
         self._s = settings
         self._key = keys.partition_cursor(settings.source, settings.partition)
         self._table_rules: dict[tuple[str, str], tuple[bool, TableRules]] = {}
+        self._checked_schemas: set[Any] = set()
         self._cursor = 0
         self._seen = 0  # every message of this partition up to this raw sequence is handled
         self._unverified: int | None = None  # where a jump not yet checked against retention began
@@ -81,6 +82,8 @@ class PartitionWorker:
         self._skipped = registry.counter("sink_events_present_total", "Replayed events already in BINLAKE_CDC")
         self._lag = registry.gauge("sink_partition_lag", "Raw messages not yet handled, per partition")
         self._dlq = registry.counter("sink_dead_letters_total", "Events sent to the dead-letter subject")
+        self._unknown_columns = registry.counter("sink_rule_columns_missing_total",
+                                                 "Columns named by rules that a table's schema lacks")
         self._gaps = registry.counter("sink_retention_gaps_total", "Raw messages removed before the sink read them")
         self.log = structlog.get_logger().bind(actor=f"partition.{p}")
 
@@ -148,6 +151,8 @@ class PartitionWorker:
             if not allowed:
                 self._filtered.inc(partition=self._p)
                 return None
+            if table_rules.rewrites:
+                self._check_columns(db or "", table, env)
             try:
                 shaped = self._rules.apply(env, table_rules)
             except (TypeError, KeyError, AttributeError, ValueError) as exc:  # rows not shaped as DESIGN §4
@@ -177,6 +182,19 @@ class PartitionWorker:
         if env.get("table") is None and db != INTERNAL_TOKEN:
             raise envelope.EnvelopeError(f"envelope without a table on the table subject {subject!r}")
         return self._names.cdc_from_raw_stored(subject)
+
+    def _check_columns(self, db: str, table: str, env: dict[str, Any]) -> None:
+        """Say once per schema when a column rule names a column the table does not have."""
+        schema = env.get("schema")
+        if not isinstance(schema, dict) or schema.get("id") in self._checked_schemas:
+            return
+        self._checked_schemas.add(schema.get("id"))
+        names = [c.get("name", "") for c in schema.get("columns", []) if isinstance(c, dict)]
+        missing = self._rules_for(db, table)[1].missing(names)
+        if missing:
+            self._unknown_columns.inc(len(missing), partition=self._p)
+            self.log.warning("sink.rule_names_missing_column", table=f"{db}.{table}", columns=missing,
+                             has=names, hint="fix the column names in columns_include / columns_exclude / masks")
 
     def _rules_for(self, db: str, table: str) -> tuple[bool, TableRules]:
         cached = self._table_rules.get((db, table))

@@ -2,8 +2,10 @@
 
 Table filters follow Canal: comma-separated regular expressions that must match the whole
 `db.table` (`filter.regex` = include, `black.regex` = exclude). Column rules and masks are
-keyed by `db.table` globs (`shop.*`). Primary-key columns are never dropped, so every row
-stays addressable downstream. A masked value never leaves this module in clear text.
+keyed by `db.table` globs (`shop.*`). Column names match case-insensitively, as MySQL's do:
+a mask written for `Email` masks the column `email`. Primary-key columns are never dropped,
+so every row stays addressable downstream. A masked value never leaves this module in clear
+text.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class Mask:
 
 @dataclass(frozen=True)
 class TableRules:
-    """What happens to the rows of one table."""
+    """What happens to the rows of one table (column names casefolded)."""
 
     include: frozenset[str] | None = None
     exclude: frozenset[str] = frozenset()
@@ -63,6 +65,12 @@ class TableRules:
     @property
     def rewrites(self) -> bool:
         return self.include is not None or bool(self.exclude) or bool(self.masks)
+
+    def missing(self, columns: Iterable[str]) -> list[str]:
+        """Columns the rules name that the table does not have (a typo would silently mask nothing)."""
+        have = {c.casefold() for c in columns}
+        named = set(self.include or ()) | set(self.exclude) | set(self.masks)
+        return sorted(named - have)
 
 
 def _patterns(items: Iterable[str], what: str) -> tuple[re.Pattern[str], ...]:
@@ -109,9 +117,10 @@ class Rules:
         return cls(
             include=_patterns(include, "include"), exclude=_patterns(exclude, "exclude"),
             skip_ops=frozenset(skip_ops),
-            columns_include={t: frozenset(c) for t, c in (columns_include or {}).items()},
-            columns_exclude={t: frozenset(c) for t, c in (columns_exclude or {}).items()},
-            masks=parsed_masks, salt=salt.encode(),
+            columns_include={t: frozenset(x.casefold() for x in c) for t, c in (columns_include or {}).items()},
+            columns_exclude={t: frozenset(x.casefold() for x in c) for t, c in (columns_exclude or {}).items()},
+            masks={t: {c.casefold(): m for c, m in cols.items()} for t, cols in parsed_masks.items()},
+            salt=salt.encode(),
         )
 
     def table_allowed(self, db: str, table: str) -> bool:
@@ -185,7 +194,8 @@ def _kept_columns(env: dict[str, Any], rules: TableRules, pk: set[str]) -> froze
     if not names and env["rows"]:
         first = env["rows"][0]
         names = list((first.get("after") or first.get("before") or {}).keys())
-    kept = {n for n in names if (rules.include is None or n in rules.include) and n not in rules.exclude}
+    kept = {n for n in names if (rules.include is None or n.casefold() in rules.include)
+            and n.casefold() not in rules.exclude}
     return frozenset(kept | pk)
 
 
@@ -195,7 +205,7 @@ def _reshape(values: dict[str, Any], keep: frozenset[str] | None, masks: Mapping
     for name, value in values.items():
         if keep is not None and name not in keep:
             continue
-        mask = masks.get(name)
+        mask = masks.get(name.casefold())
         out[name] = mask.apply(value, salt) if mask is not None else value
     return out
 
@@ -205,7 +215,7 @@ def _reshape_schema(schema: dict[str, Any], keep: frozenset[str] | None, masks: 
     for col in schema.get("columns", []):
         if keep is not None and col["name"] not in keep:
             continue
-        mask = masks.get(col["name"])
+        mask = masks.get(col["name"].casefold())
         if mask is not None:
             col = {**col, "masked": mask.method}
             if mask.method != "truncate" or col["type"] not in _TRUNCATABLE:

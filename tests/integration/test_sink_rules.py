@@ -374,3 +374,18 @@ def test_reshaped_event_headers_name_the_reshaped_schema(mariadb, database, pars
     body_id = cdc[0].env["schema"]["id"]
     assert body_id != raw[0].env["schema"]["id"]
     assert cdc[0].headers.get("Binlake-Schema", body_id) == body_id
+
+
+def test_masks_match_columns_as_mysql_does_and_typos_are_reported(mariadb, database, parser, sink_factory, nats_url):
+    q = f"`{database}`"
+    mariadb.execute(f"CREATE TABLE {q}.t (id INT PRIMARY KEY, email VARCHAR(40), notes TEXT)",
+                    f"INSERT INTO {q}.t VALUES (1, 'a@example.com', 'n')")
+    sink = sink_factory("case", BINLAKE_MASKS=json.dumps({f"{database}.t": {"Email": "replace:x", "emial": "hash"}}),
+                        BINLAKE_MASK_SALT=SALT_1)
+    cdc = wait_until(lambda: [m for m in raw_messages(nats_url, CDC) if m.env.get("db") == database
+                              and m.env["op"] == "i"], 30, "the insert in BINLAKE_CDC")
+    assert cdc[0].env["rows"][0]["after"]["email"] == "x"
+    assert b"a@example.com" not in cdc[0].data
+    wait_until(lambda: '"sink.rule_names_missing_column"' in sink.output, 10, "the warning about the typo")
+    line = next(x for x in sink.output.splitlines() if "rule_names_missing_column" in x)
+    assert '"emial"' in line and f"{database}.t" in line

@@ -1,4 +1,4 @@
-"""`binlake up` hands the snapshot option to its children and nothing of the caller's BINLAKE_* settings."""
+"""`binlake up` hands its children the caller's BINLAKE_* settings, with its own servers' wiring over them."""
 
 from __future__ import annotations
 
@@ -10,12 +10,24 @@ from services.launcher.app import child_env
 from services.launcher.config import LauncherConfig
 
 
-def test_snapshot_tables_reach_the_children(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BINLAKE_SNAPSHOT_CHUNK_ROWS", "7")  # the caller's own settings do not leak
+def test_snapshot_tables_reach_the_children() -> None:
     cfg = LauncherConfig(snapshot_tables=r"shop\..*")
     env = child_env(cfg, Path("/data"), "nats://127.0.0.1:1", "mysql://root@127.0.0.1:2")
     assert env["BINLAKE_SNAPSHOT_TABLES"] == r"shop\..*"
-    assert "BINLAKE_SNAPSHOT_CHUNK_ROWS" not in env
+
+
+def test_the_callers_settings_reach_the_children_under_the_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BINLAKE_CONFIG", "/etc/binlake.toml")  # masks configured there must apply
+    monkeypatch.setenv("BINLAKE_MASKS", '{"shop.users": {"email": "hash"}}')
+    monkeypatch.setenv("BINLAKE_SNAPSHOT_CHUNK_ROWS", "7")
+    monkeypatch.setenv("BINLAKE_FLUSH_S", "30")
+    monkeypatch.setenv("BINLAKE_NATS_URL", "nats://elsewhere:4222")  # not the bus `up` started
+    monkeypatch.setenv("BINLAKE_INSTANCE", "mine")
+    env = child_env(LauncherConfig(), Path("/data"), "nats://127.0.0.1:1", "mysql://root@127.0.0.1:2")
+    assert env["BINLAKE_CONFIG"] == "/etc/binlake.toml" and env["BINLAKE_SNAPSHOT_CHUNK_ROWS"] == "7"
+    assert env["BINLAKE_MASKS"] == '{"shop.users": {"email": "hash"}}' and env["BINLAKE_FLUSH_S"] == "30"
+    assert env["BINLAKE_NATS_URL"] == "nats://127.0.0.1:1" and env["BINLAKE_DATA_DIR"] == "/data"
+    assert "BINLAKE_INSTANCE" not in env
 
 
 def test_no_snapshot_option_no_variable() -> None:

@@ -495,3 +495,26 @@ def test_a_column_list_given_as_a_string_is_not_split_into_characters(field):
 def test_malformed_masks_are_config_errors(masks):
     with pytest.raises(ConfigError):
         Rules.build(masks=masks, salt=SALT)
+
+
+def test_column_rules_and_masks_match_column_names_case_insensitively() -> None:
+    rules = Rules.build(masks={"shop.users": {"Email": "hash", "SSN": "replace:x"}},
+                        columns_exclude={"shop.*": ["BIO"]}, salt=SALT)
+    out = rules.apply(envelope(), rules.for_table("shop", "users"))
+    assert out is not None
+    row = out["rows"][0]["after"]
+    assert row["email"] == hashlib.sha256(SALT.encode() + b"alice@example.com").hexdigest()
+    assert row["ssn"] == "x" and "bio" not in row
+    masked = {c["name"]: c.get("masked") for c in out["schema"]["columns"]}
+    assert masked["email"] == "hash" and masked["ssn"] == "replace" and "bio" not in masked
+    kept = Rules.build(columns_include={"shop.users": ["NAME"]}).apply(envelope(), Rules.build(
+        columns_include={"shop.users": ["NAME"]}).for_table("shop", "users"))
+    assert kept is not None and set(kept["rows"][0]["after"]) == {"id", "name"}
+
+
+def test_rules_naming_columns_a_table_lacks_are_reported() -> None:
+    rules = Rules.build(masks={"shop.*": {"emial": "hash", "Email": "hash"}}, columns_exclude={"shop.users": ["nope"]},
+                        salt=SALT)
+    names = [c["name"] for c in USERS_SCHEMA["columns"]]  # type: ignore[index]
+    assert rules.for_table("shop", "users").missing(names) == ["emial", "nope"]
+    assert Rules.build().for_table("shop", "users").missing(names) == []
