@@ -1,9 +1,11 @@
 """Typed settings from environment variables and an optional TOML file.
 
 Each service declares a frozen dataclass. `load(Cls, section)` fills every field from, in
-order of precedence: `BINLAKE_<FIELD>` in the environment, `[section]` then the top level of
-the TOML file named by `BINLAKE_CONFIG`, then the field default. A field without default that
-is missing, or a value of the wrong type, fails at start-up with a ConfigError naming it.
+order of precedence: `BINLAKE_<FIELD>` in the environment, the contents of the file named by
+`BINLAKE_<FIELD>_FILE` (a secret then stays out of env dumps and `ps`; one trailing newline is
+dropped), `[section]` then the top level of the TOML file named by `BINLAKE_CONFIG`, then the
+field default. A field without default that is missing, or a value of the wrong type, fails at
+start-up with a ConfigError naming it.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def load(cls: type[C], section: str, env: Mapping[str, str] | None = None) -> C:
         env_key = f"BINLAKE_{f.name.upper()}"
         if env_key in env:
             raw: Any = env[env_key]
+        elif f"{env_key}_FILE" in env:
+            raw = read_secret(f"{env_key}_FILE", env[f"{env_key}_FILE"])
         elif f.name in scoped:
             raw = scoped[f.name]
         elif f.name in doc and not isinstance(doc[f.name], dict):
@@ -106,6 +110,15 @@ def load(cls: type[C], section: str, env: Mapping[str, str] | None = None) -> C:
         return cls(**values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid {section} configuration: {exc}") from None
+
+
+def read_secret(key: str, path: str) -> str:
+    """A setting's value from the file `key` names (one trailing newline dropped)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError(f"{key}={path!r} cannot be read: {exc}") from None
+    return text[:-1] if text.endswith("\n") else text
 
 
 def default_instance() -> str:

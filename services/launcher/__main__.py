@@ -3,6 +3,7 @@
 import argparse
 import os
 import sys
+from urllib.parse import urlsplit
 
 from services.launcher import app
 from services.launcher.config import LauncherConfig
@@ -12,7 +13,9 @@ from shared.runner import run_service
 def main() -> None:
     parser = argparse.ArgumentParser(prog="binlake up", description="Run the whole binlake stack locally.")
     parser.add_argument("--data-dir", help="where NATS, MariaDB and binlake keep their state (default .binlake)")
-    parser.add_argument("--source-url", help="capture this MySQL/MariaDB instead of a private MariaDB")
+    parser.add_argument("--source-url", help="capture this MySQL/MariaDB instead of a private MariaDB (a password "
+                                             "here shows in `ps`: put the URL in a file named by "
+                                             "BINLAKE_SOURCE_URL_FILE instead)")
     parser.add_argument("--snapshot", metavar="REGEX",
                         help="load the existing rows of matching tables (regex over db.table), e.g. 'shop\\..*'")
     parser.add_argument("--spark-workers", type=int, metavar="N",
@@ -24,6 +27,9 @@ def main() -> None:
     if args.data_dir:
         os.environ["BINLAKE_DATA_DIR"] = args.data_dir
     if args.source_url:
+        if urlsplit(args.source_url).password:
+            print("binlake up: the password in --source-url is visible to every user in `ps`; "
+                  "put the URL in a file and name it in BINLAKE_SOURCE_URL_FILE", file=sys.stderr)
         os.environ["BINLAKE_SOURCE_URL"] = args.source_url
     if args.snapshot:
         os.environ["BINLAKE_SNAPSHOT_TABLES"] = args.snapshot

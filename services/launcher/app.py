@@ -33,6 +33,8 @@ from services.launcher.servers import (
 )
 from services.launcher.spark_cluster import SparkCluster, spark_cluster
 from shared.actor import run_all
+from shared.errors import ConfigError
+from shared.mysql import MysqlUrl
 
 log = structlog.get_logger()
 
@@ -100,6 +102,14 @@ def first_port(nats: NatsServer | NatsCluster) -> int:
     return nats.port if isinstance(nats, NatsServer) else nats.nodes[0].port
 
 
+def _shown(url: str) -> str:
+    """A source URL without its password."""
+    try:
+        return str(MysqlUrl.parse(url))
+    except ConfigError:
+        return "(a source URL that does not parse)"
+
+
 def banner(cfg: LauncherConfig, data: Path, nats: NatsServer | NatsCluster, source_url: str,
            cluster: SparkCluster | None = None) -> str:
     kind = f"{cfg.nats_cluster}-node JetStream cluster, {cfg.replicas} replicas: " if cfg.nats_cluster > 1 else ""
@@ -109,7 +119,7 @@ def banner(cfg: LauncherConfig, data: Path, nats: NatsServer | NatsCluster, sour
         "binlake is up",
         f"  data dir : {data}",
         f"  NATS     : {kind}{nats.url}   (nats --server {nats.url} stream info {cfg.prefix.upper()}_CDC)",
-        f"  source   : {source_url}",
+        f"  source   : {_shown(source_url)}",
         *spark,
         "  stop     : Ctrl-C",
     ])

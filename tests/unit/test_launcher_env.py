@@ -52,3 +52,10 @@ def test_nats_cluster_size_is_checked(nodes: str) -> None:
 
     with pytest.raises(ConfigError, match=r"--nats-cluster must be 1\.\.5 nodes"):
         LauncherConfig.from_env({"BINLAKE_NATS_CLUSTER": nodes})
+
+
+def test_the_banner_never_shows_the_source_password() -> None:
+    from services.launcher.app import _shown
+
+    assert _shown("mysql://binlake:S3cret@db.example:3307/x") == "mysql://binlake@db.example:3307/x"
+    assert "S3cret" not in _shown("mysql://u:S3cret@db:notaport")

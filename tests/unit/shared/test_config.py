@@ -196,3 +196,15 @@ def test_replica_server_id():
 def test_replicas_default_to_one_and_are_read_like_every_setting():
     assert ParserConfig.from_env(URL).replicas == 1
     assert ParserConfig.from_env(URL | {"BINLAKE_REPLICAS": "3"}).replicas == 3
+
+
+def test_a_setting_can_come_from_a_file_named_by_its_FILE_variable(tmp_path, toml):
+    secret = tmp_path / "url"
+    secret.write_text("mysql://u:S3cret@db:3306\n")
+    assert load(Demo, "demo", {"BINLAKE_URL_FILE": str(secret)}).url == "mysql://u:S3cret@db:3306"
+    # The variable itself still wins, and the file wins over the TOML file.
+    assert load(Demo, "demo", {"BINLAKE_URL": "direct", "BINLAKE_URL_FILE": str(secret)}).url == "direct"
+    cfg = toml('url = "from-toml"\n')
+    assert load(Demo, "demo", {"BINLAKE_CONFIG": cfg, "BINLAKE_URL_FILE": str(secret)}).url.startswith("mysql://")
+    with pytest.raises(ConfigError, match=r"BINLAKE_URL_FILE='/nope' cannot be read"):
+        load(Demo, "demo", {"BINLAKE_URL_FILE": "/nope"})
