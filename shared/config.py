@@ -146,7 +146,7 @@ class ServiceConfig:
     partitions: int = DEFAULT_PARTITIONS  # of BINLAKE_RAW: fixed when the stream is created
     replicas: int = 1  # of every stream and bucket binlake creates (3 on a JetStream cluster)
     instance: str = field(default_factory=default_instance)
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"  # this machine only; 0.0.0.0 to be scraped from elsewhere
     metrics_port: int = 0  # 0 picks a free port; -1 disables
     max_restarts: int = 8
     restart_window_s: float = 120.0
