@@ -8,8 +8,24 @@ come from a rewind: events before that point are not delivered again.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+MAX_NAME = 128  # characters of a client name; it travels in NATS control lines and keys
+MAX_FILTER = 1000  # characters of a client's table filter
+_NAME = re.compile(rf"[^\s\x00-\x1f\x7f]{{1,{MAX_NAME}}}")
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a client (None: it can)."""
+    if _NAME.fullmatch(name):
+        return None
+    if not name:
+        return "a client name must not be empty"
+    if len(name) > MAX_NAME:
+        return f"a client name has at most {MAX_NAME} characters, got {len(name)}"
+    return f"a client name has no spaces or control characters, got {name[:40]!r}"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from shared import clients
 from shared.errors import BinlakeError, NatsUnavailable
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -58,6 +59,15 @@ def require(req: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any
         name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
         raise BadRequest(f"field {key!r} must be {name}, got {type(value).__name__}")
     return value
+
+
+def require_client(req: dict[str, Any]) -> str:
+    """The request's client name, checked like every name that comes over NATS."""
+    client: str = require(req, "client", str)
+    problem = clients.name_problem(client)
+    if problem:
+        raise BadRequest(problem)
+    return client
 
 
 def split_reply(reply: dict[str, Any], fields: tuple[str, ...], limit: int) -> list[dict[str, Any]]:

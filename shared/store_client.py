@@ -22,7 +22,8 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
-from shared import envelope, jetstream
+from shared import clients, envelope, jetstream
+from shared.errors import ConfigError
 from shared.rpc import call, call_parts
 from shared.subjects import Names
 
@@ -44,6 +45,8 @@ class Batch:
 class StoreClient:
     def __init__(self, nc: NATS, client: str, *, source: str = "main", prefix: str = "binlake",
                  timeout_s: float = 10.0, own_connection: bool = False) -> None:
+        if problem := clients.name_problem(client):
+            raise ConfigError(f"client {client[:40]!r}: {problem}")
         self._nc = nc
         self.client = client
         self._names = Names(prefix)

@@ -14,7 +14,7 @@ from nats.aio.subscription import Subscription
 from services.meta.backend import Conflict, MetaBackend
 from services.meta.history import schema_at
 from services.meta.rewind import Rewinder
-from shared.rpc import BadRequest, RpcError, require, serve
+from shared.rpc import BadRequest, RpcError, require, require_client, serve
 from shared.subjects import Names
 
 
@@ -81,7 +81,7 @@ class MetaServer:
         return {"records": [r.to_dict() for r in records]}
 
     async def rewind(self, req: dict[str, Any]) -> dict[str, Any]:
-        source, client = require(req, "source", str), require(req, "client", str)
+        source, client = require(req, "source", str), require_client(req)
         if ("timestamp" in req) == ("position" in req):
             raise BadRequest("give exactly one of 'timestamp' (ms) or 'position' ('file:offset')")
         if "timestamp" in req:

@@ -27,7 +27,7 @@ from shared.errors import NatsUnavailable
 from shared.meta_client import Conflict, MetaClient
 from shared.metrics import Registry
 from shared.ordered_reader import OrderedReader
-from shared.rpc import BadRequest, RpcError, require, serve
+from shared.rpc import BadRequest, RpcError, require, require_client, serve
 from shared.subjects import Names, unescape_token
 
 FETCH = 500
@@ -107,7 +107,7 @@ class StoreServer:
 
     async def subscribe(self, req: dict[str, Any]) -> dict[str, Any]:
         """Create the client, or re-subscribe: keep its last ack, change its filter, roll back."""
-        client = require(req, "client", str)
+        client = require_client(req)
         pattern = str(req.get("filter") or ".*")
         batches.compile_filter(pattern)
         start = req.get("start", "earliest")
@@ -146,7 +146,7 @@ class StoreServer:
         raise BadRequest("start must be 'earliest', 'latest', {'timestamp': ms} or {'position': 'file:offset'}")
 
     async def get(self, req: dict[str, Any]) -> dict[str, Any]:
-        client = require(req, "client", str)
+        client = require_client(req)
         max_rows = require({"max_rows": 1000, **req}, "max_rows", int)
         max_wait = float(require({"max_wait": 1.0, **req}, "max_wait", (int, float)))
         if not 1 <= max_rows <= self._max_rows:
@@ -224,7 +224,7 @@ class StoreServer:
         return events, seqs, rows, end
 
     async def ack(self, req: dict[str, Any]) -> dict[str, Any]:
-        client = require(req, "client", str)
+        client = require_client(req)
         batch_id = require(req, "batch_id", int)
 
         async def attempt() -> dict[str, Any]:
@@ -238,7 +238,7 @@ class StoreServer:
             return await cas.retry_on_conflict(attempt, conflict=Conflict, tries=5, what=f"client {client!r}")
 
     async def rollback(self, req: dict[str, Any]) -> dict[str, Any]:
-        client = require(req, "client", str)
+        client = require_client(req)
 
         async def attempt() -> dict[str, Any]:
             state, revision = await self._load(client)
@@ -250,7 +250,7 @@ class StoreServer:
             return await cas.retry_on_conflict(attempt, conflict=Conflict, tries=5, what=f"client {client!r}")
 
     async def unsubscribe(self, req: dict[str, Any]) -> dict[str, Any]:
-        client = require(req, "client", str)
+        client = require_client(req)
         await self._meta.delete(keys.client_cursor(self._source, client))
         pos = self._positions.pop(client, None)
         if pos is not None:

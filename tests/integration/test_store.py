@@ -365,8 +365,12 @@ async def test_protocol_errors_are_clear(stack: Stack) -> None:
         ("ack", {"client": "strict", "batch_id": "7"}, "field 'batch_id' must be int, got str"),
         ("ack", {"client": "strict", "batch_id": True}, "field 'batch_id' must be int, got bool"),
         ("ack", {"client": "strict", "batch_id": 1.5}, "field 'batch_id' must be int, got float"),
-        ("subscribe", {"client": "new1", "filter": "("}, "filter '(' is not a valid regular expression"),
-        ("subscribe", {"client": "strict", "filter": "[a-"}, "is not a valid regular expression"),
+        ("subscribe", {"client": "new1", "filter": "("}, "filter '(' is not a valid RE2 regular expression"),
+        ("subscribe", {"client": "strict", "filter": "[a-"}, "is not a valid RE2 regular expression"),
+        ("subscribe", {"client": "new1", "filter": "x" * 1001}, "filter has 1001 characters; at most 1000"),
+        ("subscribe", {"client": "n" * 9000}, "a client name has at most 128 characters, got 9000"),
+        ("get", {"client": "two words"}, "a client name has no spaces or control characters"),
+        ("ack", {"client": "", "batch_id": 1}, "a client name must not be empty"),
         ("subscribe", {"client": "new2", "start": "yesterday"}, "start must be 'earliest', 'latest', {'timestamp'"),
         ("subscribe", {"client": "new3", "start": {"timestamp": "1"}}, "start must be"),
         ("subscribe", {"client": "new4", "start": {"position": 5}}, "start must be"),
@@ -397,6 +401,7 @@ async def test_protocol_errors_are_clear(stack: Stack) -> None:
     await refused(meta.rewind("main", "strict", position="mysql-bin"), "bad_request", "position must look like")
     await refused(meta.rewind("main", "strict", position="nonumber:12"), "bad_request", "binlog file name")
     await refused(meta.rewind("main", "strict"), "bad_request", "give exactly one of 'timestamp'")
+    await refused(meta.rewind("main", "c" * 9000, timestamp_ms=1), "bad_request", "at most 128 characters")
     await refused(meta.rewind("main", "strict", timestamp_ms=1, position="mysql-bin.000001:4"), "bad_request",
                   "give exactly one of")
     await refused(meta.rewind("main", "ghost", timestamp_ms=1), "unknown_client", "has never subscribed")
@@ -780,3 +785,16 @@ async def test_store_retention_survives_the_stream_creation_race(nats_url):
         assert (await js.stream_info("BINLAKE_CDC")).config.max_age == 3600.0
     finally:
         await nc.close()
+
+
+@pytest.mark.timeout(180)
+async def test_a_pathological_filter_cannot_stall_the_store_for_other_clients(stack: Stack) -> None:
+    """`(.|.)*Z` backtracks for ages in Python's re; the store matches filters with RE2."""
+    long = "t" + "x" * 60  # db.table of ~75 characters: 2^75 ways for `(.|.)*` to try
+    await stack.sql(create(stack.db, long), *inserts(stack.db, 0, 20, table=long))
+    await stack.wait_cdc(20, long)
+    evil, good = stack.client("evil"), stack.client("good")
+    await evil.subscribe(filter=r"(.|.)*Z")
+    await good.subscribe(filter=stack.table_filter(long))
+    assert events_of(await drain(evil, idle=1)) == []  # every table name is tried, none matches
+    assert ids_of(events_of(await drain(good))) == list(range(20))

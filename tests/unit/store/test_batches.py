@@ -113,8 +113,30 @@ def test_compile_filter_rejects_a_bad_regex_with_bad_request(pattern):
     with pytest.raises(BadRequest) as info:
         batches.compile_filter(pattern)
     assert info.value.code == "bad_request"
-    assert "is not a valid regular expression" in str(info.value)
+    assert "is not a valid RE2 regular expression" in str(info.value)
     assert repr(pattern) in str(info.value)
+
+
+def test_compile_filter_is_linear_time_and_bounded():
+    # Python's re would try 2^200 ways here; RE2 answers at once.
+    assert batches.compile_filter(r"(.|.)*Z").fullmatch("x" * 200) is None
+    assert batches.compile_filter(r"(a|b)\.\w+").fullmatch("a.users")
+    with pytest.raises(BadRequest, match="filter has 1001 characters; at most 1000"):
+        batches.compile_filter("a" * 1001)
+    with pytest.raises(BadRequest, match="RE2"):
+        batches.compile_filter(r"(a)\1")  # backreferences need backtracking: refused with the reason
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("my-app", None), ("app.eu@host:1", None), ("é" * 128, None),
+    ("", "must not be empty"), ("x" * 129, "at most 128 characters, got 129"),
+    ("two words", "no spaces or control characters"), ("tab\there", "no spaces"), ("nl\n", "no spaces"),
+])
+def test_client_names_are_checked(name, problem):
+    from shared.clients import name_problem
+
+    found = name_problem(name)
+    assert (found is None) if problem is None else (problem in (found or "")), found
 
 
 # -- wanted ---------------------------------------------------------------------------------
