@@ -55,10 +55,36 @@ async def read_tail(js: JetStreamContext, names: Names, source: str) -> Tail | N
             "give every source its own prefix (BINLAKE_PREFIX)"
         )
     mid = header(msg, "Nats-Msg-Id") or ""
-    txn = env["txn"]
-    resume = Resume.from_dict(env["resume"])
-    skip = None if txn["last"] else SkipMark(txn["id"], txn["i"])
+    try:
+        resume, skip = _resume_of(envelope.as_dict(env))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StreamMismatch(
+            f"the last message of {names.raw_stream} (seq {msg.seq}, {msg.subject}) does not say where to resume "
+            f"({exc!r}), so the parser did not write it; only the parser may write to the raw stream: remove "
+            f"that message (nats stream rmm {names.raw_stream} {msg.seq}) and restart"
+        ) from None
     return Tail(resume, skip, mid)
+
+
+def _resume_of(env: dict[str, object]) -> tuple[Resume, SkipMark | None]:
+    """The resume point and skip mark of a parser's envelope, each field checked."""
+    resume, txn = env["resume"], env["txn"]
+    if not isinstance(resume, dict) or not isinstance(txn, dict):
+        raise TypeError("resume and txn must be maps")
+    file, offset, gtid = resume["file"], resume["offset"], resume.get("gtid")
+    if not isinstance(file, str) or not file or isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"resume {resume!r} is no binlog position")
+    if gtid is not None and not isinstance(gtid, str):
+        raise TypeError(f"resume gtid {gtid!r} is not text")
+    envelope.binlog_number(file)  # a binlog file name ends in its number
+    last, txn_id, i = txn["last"], txn.get("id"), txn.get("i")
+    if not isinstance(last, bool):
+        raise TypeError(f"txn.last {last!r} is not a bool")
+    if last:
+        return Resume(file, offset, gtid), None
+    if not isinstance(txn_id, str) or isinstance(i, bool) or not isinstance(i, int):
+        raise TypeError(f"txn {txn!r} of an unfinished transaction lacks its id or index")
+    return Resume(file, offset, gtid), SkipMark(txn_id, i)
 
 
 async def saved_position(kv: KeyValue, source: str) -> Resume | None:

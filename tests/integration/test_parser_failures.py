@@ -130,3 +130,37 @@ def test_statement_based_dml_is_refused(mariadb, database, parser_factory, nats_
     conn.close()
     assert proc.wait(60) == 1, proc.output
     assert "statement-based DML" in proc.output and "set binlog_format=ROW" in proc.output
+
+
+@pytest.mark.parametrize("resume", [None, {"file": "mysql-bin.000001"}, {"file": 5, "offset": 4},
+                                    {"file": "nonumber", "offset": 4}, {"file": "mysql-bin.000001", "offset": -1}])
+def test_a_foreign_last_raw_message_stops_the_parser_with_the_fix(mariadb, parser_factory, nats_url, resume):
+    """A raw message the parser did not write, at the end of BINLAKE_RAW: one clear line, no traceback."""
+    import asyncio
+
+    import msgpack
+    import nats
+
+    from shared.jetstream import ensure_streams
+    from shared.subjects import Names
+
+    env = {"v": 1, "source": "main", "db": "x", "table": "y", "op": "i", "ts": 0,
+           "pos": {"file": "mysql-bin.000001", "offset": 4, "gtid": None}, "scn": 1,
+           "txn": {"id": "t", "i": 0, "last": True}, "rows": []}
+    if resume is not None:
+        env["resume"] = resume
+
+    async def publish() -> None:
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            await ensure_streams(js, Names(), 16, 1)
+            await js.publish(Names().raw("main", "x", "y"), msgpack.packb(env))
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+    proc = parser_factory(wait_ready=False)
+    assert proc.wait(60) == 1, proc.output
+    assert "StreamMismatch" in proc.output and "does not say where to resume" in proc.output, proc.output
+    assert "nats stream rmm BINLAKE_RAW" in proc.output and "Traceback" not in proc.output
