@@ -137,10 +137,52 @@ def check_replicas(replicas: int) -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServiceConfig:
-    """Settings every service has; each service's config extends it."""
+class NatsSettings:
+    """How to reach and log in to NATS: the same variables for every service and command.
+
+    One login method at most: user and password, a token, a creds file (JWT and nkey seed, as
+    `nsc` writes it) or an nkey seed file. TLS: a `tls://` URL, or any of the TLS settings; the
+    server is verified against `nats_tls_ca` (else the system's CAs), and a client certificate
+    is presented to servers that ask for one. Secrets can come from files (`*_FILE`).
+    """
 
     nats_url: str = "nats://127.0.0.1:4222"
+    nats_user: str = ""
+    nats_password: str = ""
+    nats_token: str = ""
+    nats_creds: str = ""
+    nats_nkey_seed: str = ""
+    nats_tls_ca: str = ""
+    nats_tls_cert: str = ""
+    nats_tls_key: str = ""
+
+    def __post_init__(self) -> None:
+        methods = [name for name, on in (("BINLAKE_NATS_USER/_PASSWORD", self.nats_user or self.nats_password),
+                                         ("BINLAKE_NATS_TOKEN", self.nats_token),
+                                         ("BINLAKE_NATS_CREDS", self.nats_creds),
+                                         ("BINLAKE_NATS_NKEY_SEED", self.nats_nkey_seed)) if on]
+        if len(methods) > 1:
+            raise ConfigError(f"NATS takes one login method, got {' and '.join(methods)}: keep one")
+        if bool(self.nats_user) != bool(self.nats_password):
+            raise ConfigError("BINLAKE_NATS_USER and BINLAKE_NATS_PASSWORD go together: set both")
+        if bool(self.nats_tls_cert) != bool(self.nats_tls_key):
+            raise ConfigError("BINLAKE_NATS_TLS_CERT and BINLAKE_NATS_TLS_KEY go together: set both")
+        for key, path in (("BINLAKE_NATS_CREDS", self.nats_creds), ("BINLAKE_NATS_NKEY_SEED", self.nats_nkey_seed),
+                          ("BINLAKE_NATS_TLS_CA", self.nats_tls_ca), ("BINLAKE_NATS_TLS_CERT", self.nats_tls_cert),
+                          ("BINLAKE_NATS_TLS_KEY", self.nats_tls_key)):
+            if path and not Path(path).is_file():
+                raise ConfigError(f"{key}={path!r} is not a readable file")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> NatsSettings:
+        """What the commands (`binlake status`, `tail`, ...) connect with."""
+        return load(cls, "nats", env)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceConfig(NatsSettings):
+    """Settings every service has; each service's config extends it."""
+
     prefix: str = "binlake"
     source: str = "main"
     partitions: int = DEFAULT_PARTITIONS  # of BINLAKE_RAW: fixed when the stream is created
@@ -154,6 +196,7 @@ class ServiceConfig:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not _SOURCE_NAME.fullmatch(self.source):
             raise ConfigError(f"BINLAKE_SOURCE must be letters, digits, '_' or '-', got {self.source!r}")
         if not _SOURCE_NAME.fullmatch(self.prefix):

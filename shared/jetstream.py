@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ssl
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats
 import nats.errors
@@ -32,21 +33,66 @@ from shared.errors import ConfigError, NatsUnavailable, StreamMismatch
 from shared.logging import redact
 from shared.subjects import Names, kv_stream, kv_subject
 
+if TYPE_CHECKING:  # shared.config needs shared.actor, which needs this module
+    from shared.config import NatsSettings
+
 log = structlog.get_logger()
 
 
-async def connect(url: str, name: str, *, connect_timeout: float = 5.0, first_connect_s: float = 10.0) -> NATS:
+def login_options(auth: NatsSettings, servers: list[str]) -> dict[str, Any]:
+    """nats.connect's keyword arguments for the login and TLS settings."""
+    opts: dict[str, Any] = {}
+    if auth.nats_user:
+        opts.update(user=auth.nats_user, password=auth.nats_password)
+    if auth.nats_token:
+        opts["token"] = auth.nats_token
+    if auth.nats_creds:
+        opts["user_credentials"] = auth.nats_creds
+    if auth.nats_nkey_seed:
+        opts["nkeys_seed"] = auth.nats_nkey_seed
+    if auth.nats_tls_ca or auth.nats_tls_cert or any(u.startswith("tls://") for u in servers):
+        try:
+            tls = ssl.create_default_context(cafile=auth.nats_tls_ca or None)
+            if auth.nats_tls_cert:
+                tls.load_cert_chain(auth.nats_tls_cert, auth.nats_tls_key)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            raise ConfigError(f"NATS TLS settings (BINLAKE_NATS_TLS_CA/_CERT/_KEY) cannot be used: {exc}") from None
+        opts["tls"] = tls
+    return opts
+
+
+def _refusal(exc: BaseException, shown: str) -> str | None:
+    """What to fix when the server refused the connection (not merely unreachable)."""
+    text = str(exc).lower()
+    if "authorization" in text or "authentication" in text or "permissions violation" in text:
+        return (f"NATS at {shown} refused the login ({exc}); set the credentials binlake connects with: "
+                "BINLAKE_NATS_USER and _PASSWORD, _TOKEN, _CREDS or _NKEY_SEED (each also as *_FILE)")
+    if isinstance(exc, ssl.SSLError) or "tls" in text or "certificate" in text:
+        return (f"TLS with NATS at {shown} failed ({exc!r}); use a tls:// URL and set BINLAKE_NATS_TLS_CA to "
+                "the CA that signed the server's certificate (BINLAKE_NATS_TLS_CERT/_KEY if it verifies clients)")
+    return None
+
+
+async def connect(url: str, name: str, *, auth: NatsSettings | None = None, connect_timeout: float = 5.0,
+                  first_connect_s: float = 10.0) -> NATS:
     """Connect with reconnect-forever settings.
 
     `url` may list several servers of a cluster, comma-separated: the client picks one and
     fails over to the others. The first connection is retried for `first_connect_s` (a
     compose stack may start NATS later than the service); then an unreachable server raises
-    NatsUnavailable.
+    NatsUnavailable, a refused login or TLS handshake ConfigError. `auth` defaults to the
+    BINLAKE_NATS_* settings of the environment.
     """
+    from shared.config import NatsSettings
+
     servers = server_urls(url)
+    login = login_options(auth if auth is not None else NatsSettings.from_env(), servers)
     shown = ",".join(redact(u) for u in servers)
 
+    seen_errors: list[Exception] = []
+
     async def on_error(exc: Exception) -> None:
+        seen_errors[:] = [*seen_errors[-4:], exc]  # a refused login shows here first
         log.warning("nats.error", error=repr(exc))
 
     holder: list[NATS] = []
@@ -65,11 +111,14 @@ async def connect(url: str, name: str, *, connect_timeout: float = 5.0, first_co
             servers, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
             reconnect_time_wait=0.5, ping_interval=10, max_outstanding_pings=3,
             allow_reconnect=True, error_cb=on_error, disconnected_cb=on_disconnected,
-            reconnected_cb=on_reconnected,
+            reconnected_cb=on_reconnected, **login,
         ), first_connect_s)
         holder.append(nc)
         return nc
     except (OSError, nats.errors.Error, TimeoutError) as exc:
+        refused = _refusal(exc, shown) or next((r for e in seen_errors if (r := _refusal(e, shown))), None)
+        if refused:
+            raise ConfigError(refused) from exc
         raise NatsUnavailable(f"cannot reach NATS at {shown} ({exc!r}); start nats-server -js or fix the URL") \
             from exc
 

@@ -19,7 +19,7 @@ async def runtime(cfg: ServiceConfig, service: str, registry: Registry,
     """Serve /metrics and /healthz (503 with `problem()`'s reason), connect to NATS; on exit drain and stop."""
     server = await serve(registry, cfg.metrics_host, cfg.metrics_port, problem) if cfg.metrics_port >= 0 else None
     try:
-        nc = await jetstream.connect(cfg.nats_url, name=f"binlake-{service}-{cfg.source}")
+        nc = await jetstream.connect(cfg.nats_url, name=f"binlake-{service}-{cfg.source}", auth=cfg)
         try:
             yield nc
         finally:

@@ -208,3 +208,23 @@ def test_a_setting_can_come_from_a_file_named_by_its_FILE_variable(tmp_path, tom
     assert load(Demo, "demo", {"BINLAKE_CONFIG": cfg, "BINLAKE_URL_FILE": str(secret)}).url.startswith("mysql://")
     with pytest.raises(ConfigError, match=r"BINLAKE_URL_FILE='/nope' cannot be read"):
         load(Demo, "demo", {"BINLAKE_URL_FILE": "/nope"})
+
+
+def test_nats_settings_take_one_login_method_and_whole_pairs(tmp_path):
+    from shared.config import NatsSettings
+
+    seed = tmp_path / "seed"
+    seed.write_text("SUA...")
+    assert NatsSettings.from_env({}).nats_url == "nats://127.0.0.1:4222"
+    assert NatsSettings.from_env({"BINLAKE_NATS_NKEY_SEED": str(seed)}).nats_nkey_seed == str(seed)
+    with pytest.raises(ConfigError, match="one login method, got BINLAKE_NATS_USER/_PASSWORD and BINLAKE_NATS_TOKEN"):
+        NatsSettings.from_env({"BINLAKE_NATS_USER": "u", "BINLAKE_NATS_PASSWORD": "p", "BINLAKE_NATS_TOKEN": "t"})
+    with pytest.raises(ConfigError, match="BINLAKE_NATS_USER and BINLAKE_NATS_PASSWORD go together"):
+        NatsSettings.from_env({"BINLAKE_NATS_USER": "u"})
+    with pytest.raises(ConfigError, match=r"BINLAKE_NATS_CREDS='/no/such\.creds' is not a readable file"):
+        NatsSettings.from_env({"BINLAKE_NATS_CREDS": "/no/such.creds"})
+    with pytest.raises(ConfigError, match="BINLAKE_NATS_TLS_CERT and BINLAKE_NATS_TLS_KEY go together"):
+        NatsSettings.from_env({"BINLAKE_NATS_TLS_CERT": str(seed)})
+    # every service reads them too
+    cfg = ParserConfig.from_env({"BINLAKE_SOURCE_URL": "mysql://root@h:3306", "BINLAKE_NATS_TOKEN": "t"})
+    assert cfg.nats_token == "t"
