@@ -2,14 +2,23 @@
 
 One parser for every URL binlake takes (the source, meta's MySQL backend, `binlake verify`,
 the demo), and one translation of server error codes into typed errors that say what to do.
+
+TLS is set in the URL's query, with the MySQL clients' option names:
+`mysql://u:pw@db:3306/?ssl-mode=VERIFY_CA&ssl-ca=/ca.pem[&ssl-cert=...&ssl-key=...]`.
+`ssl-mode` is DISABLED (the default without `ssl-ca`), REQUIRED (TLS or no connection;
+encrypted but not verified unless `ssl-ca` is given), VERIFY_CA (the default with `ssl-ca`) or
+VERIFY_IDENTITY (the certificate must also name the host). PREFERRED is refused: the async
+driver cannot fall back to a plain connection, and a setting that silently may not encrypt
+is not one to rely on.
 """
 
 from __future__ import annotations
 
 import re
+import ssl
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pymysql
 
@@ -26,15 +35,24 @@ from shared.errors import (
 CONNECT_TIMEOUT_S = 10
 
 
+SSL_MODES = ("DISABLED", "REQUIRED", "VERIFY_CA", "VERIFY_IDENTITY")
+_SSL_KEYS = {"ssl-mode": "ssl_mode", "ssl-ca": "ssl_ca", "ssl-cert": "ssl_cert", "ssl-key": "ssl_key"}
+
+
 @dataclass(frozen=True)
 class MysqlUrl:
-    """`mysql://user:password@host:3306[/database]` (`mariadb://` too; user and password URL-quoted)."""
+    """`mysql://user:password@host:3306[/database][?ssl-mode=...]` (`mariadb://` too; user and
+    password URL-quoted)."""
 
     host: str
     port: int
     user: str
     password: str
     database: str = ""
+    ssl_mode: str = "DISABLED"
+    ssl_ca: str = ""
+    ssl_cert: str = ""
+    ssl_key: str = ""
 
     @classmethod
     def parse(cls, url: str, what: str = "source URL", *, need_database: bool = False) -> MysqlUrl:
@@ -49,13 +67,55 @@ class MysqlUrl:
         database = parts.path.strip("/")
         if need_database and not database:
             raise ConfigError(f"{what} must look like {form}: the database is missing")
+        tls: dict[str, str] = {}
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            name = _SSL_KEYS.get(key.lower().replace("_", "-"))
+            if name is None:
+                raise ConfigError(f"{what}: unknown option {key!r}; it takes {', '.join(_SSL_KEYS)}")
+            tls[name] = value
+        mode = tls.pop("ssl_mode", "").upper() or ("VERIFY_CA" if tls.get("ssl_ca") else "DISABLED")
+        if mode == "PREFERRED":
+            raise ConfigError(f"{what}: ssl-mode=PREFERRED may fall back to plain text; say REQUIRED (or VERIFY_CA "
+                              "with ssl-ca=...) for TLS, DISABLED for none")
+        if mode not in SSL_MODES:
+            raise ConfigError(f"{what}: ssl-mode must be one of {', '.join(SSL_MODES)}, got {mode!r}")
+        if mode.startswith("VERIFY") and not tls.get("ssl_ca"):
+            raise ConfigError(f"{what}: ssl-mode={mode} needs ssl-ca=<the CA file that signed the server certificate>")
+        if bool(tls.get("ssl_cert")) != bool(tls.get("ssl_key")):
+            raise ConfigError(f"{what}: ssl-cert and ssl-key go together")
         return cls(host=parts.hostname, port=port, user=unquote(parts.username or "root"),
-                   password=unquote(parts.password or ""), database=database)
+                   password=unquote(parts.password or ""), database=database, ssl_mode=mode, **tls)
 
     def __str__(self) -> str:
         """The URL without its password (for logs and messages)."""
         db = f"/{self.database}" if self.database else ""
         return f"mysql://{self.user}@{self.host}:{self.port}{db}"
+
+    @property
+    def tls_required(self) -> bool:
+        return self.ssl_mode != "DISABLED"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """What both drivers take as `ssl`."""
+        if self.ssl_mode == "DISABLED":
+            return None
+        try:
+            ctx = ssl.create_default_context(cafile=self.ssl_ca or None)
+            if self.ssl_mode == "REQUIRED" and not self.ssl_ca:
+                ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # encrypted, not verified
+            else:
+                ctx.check_hostname = self.ssl_mode == "VERIFY_IDENTITY"
+            if self.ssl_cert:
+                ctx.load_cert_chain(self.ssl_cert, self.ssl_key)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"TLS settings of {self} cannot be used (ssl-ca / ssl-cert / ssl-key): {exc}") from None
+        return ctx
+
+    def check_tls(self, cipher: str | bytes | None) -> None:
+        """After connecting: refuse a plain connection when the URL demands TLS."""
+        if self.tls_required and not cipher:
+            raise ConfigError(f"{self} does not offer TLS, but the URL says ssl-mode={self.ssl_mode}: configure "
+                              "TLS on the server (ssl_cert, ssl_key) or lower ssl-mode")
 
     def pymysql_settings(self) -> dict[str, Any]:
         """Keyword arguments of `pymysql.connect` (and mysql-replication's connection settings)."""
@@ -63,6 +123,8 @@ class MysqlUrl:
                                "connect_timeout": CONNECT_TIMEOUT_S}
         if self.database:
             out["database"] = self.database
+        if (ctx := self.ssl_context()) is not None:
+            out["ssl"] = ctx
         return out
 
     @property
@@ -75,7 +137,12 @@ class MysqlUrl:
                                "connect_timeout": CONNECT_TIMEOUT_S}
         if self.database:
             out["database"] = self.database
+        if (ctx := self.ssl_context()) is not None:
+            out["ssl"] = ctx
         return out
+
+
+TLS_CIPHER_SQL = "SHOW SESSION STATUS LIKE 'Ssl_cipher'"
 
 
 def map_mysql_error(exc: Exception, where: str) -> BinlakeError:
@@ -87,8 +154,17 @@ def map_mysql_error(exc: Exception, where: str) -> BinlakeError:
             f"the source cannot stream from {where}: {text}. The binlogs holding that position are gone; "
             "take a new snapshot and reset the parser (delete its raw stream data) to continue"
         )
+    if "[SSL" in text or "CERTIFICATE_VERIFY_FAILED" in text:
+        return ConfigError(f"TLS with the source failed ({text}): is TLS on in the server (SHOW VARIABLES LIKE "
+                           "'have_ssl') and did ssl-ca sign its certificate? Fix the server or the ssl-* options of "
+                           "the source URL")
+    if code == 3159 or "insecure transport" in text.lower():
+        return ConfigError(f"the source only accepts TLS connections ({text}); add ?ssl-mode=REQUIRED, or "
+                           "ssl-mode=VERIFY_CA&ssl-ca=<CA file>, to the source URL")
     if code == 1045:
-        return AccessDenied(f"access denied for the source user ({text}); check user and password in the source URL")
+        return AccessDenied(f"access denied for the source user ({text}); check user and password in the source URL "
+                            "(MariaDB answers the same when require_secure_transport=ON and the connection has no "
+                            "TLS: then add ?ssl-mode=REQUIRED, or ssl-ca=<CA file>, to the URL)")
     if code in (1227, 1044, 1142, 1143):
         return MissingPrivilege(
             f"the source user lacks a privilege ({text}); GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO it"

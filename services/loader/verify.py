@@ -53,7 +53,7 @@ from services.loader import live
 from services.loader.naming import quote
 from services.loader.types import spark_type
 from shared.errors import ConfigError
-from shared.mysql import MysqlUrl
+from shared.mysql import TLS_CIPHER_SQL, MysqlUrl
 from shared.mysql_types import BINARIES, INTEGERS, SPATIAL, TEXTS
 
 Cell: TypeAlias = int | float | str | bytes | tuple[str, ...] | None
@@ -372,6 +372,8 @@ def connect(url: str) -> Connection:
     except pymysql.err.MySQLError as exc:
         raise ConfigError(f"cannot connect to the source {dsn}: {exc}") from None
     with conn.cursor() as cur:
+        cur.execute(TLS_CIPHER_SQL)
+        dsn.check_tls((cur.fetchone() or ("", ""))[1])
         cur.execute("SET SESSION time_zone = '+00:00'")  # TIMESTAMP in UTC, as in the lake
         cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         cur.execute("SET SESSION net_write_timeout = 3600")  # the lake is read while a re-read waits

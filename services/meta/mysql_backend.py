@@ -15,7 +15,7 @@ import asyncmy.errors
 
 from services.meta.backend import Conflict, CursorEntry, SchemaRecord
 from shared.errors import SourceUnavailable
-from shared.mysql import MysqlUrl
+from shared.mysql import TLS_CIPHER_SQL, MysqlUrl
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS binlake_cursors (
@@ -37,8 +37,8 @@ DUPLICATE_KEY = 1062
 
 class MysqlBackend:
     def __init__(self, url: str) -> None:
-        self._args: dict[str, Any] = MysqlUrl.parse(url, "BINLAKE_META_MYSQL_URL",
-                                                    need_database=True).asyncmy_settings()
+        self._dsn = MysqlUrl.parse(url, "BINLAKE_META_MYSQL_URL", need_database=True)
+        self._args: dict[str, Any] = self._dsn.asyncmy_settings()
         self._pool: Any = None
 
     async def start(self) -> None:
@@ -46,6 +46,7 @@ class MysqlBackend:
             self._pool = await asyncmy.create_pool(minsize=1, maxsize=4, autocommit=True, **self._args)
         except (asyncmy.errors.MySQLError, OSError) as exc:
             raise SourceUnavailable(f"meta database unreachable: {exc!r}") from exc
+        self._dsn.check_tls((await self._query(TLS_CIPHER_SQL) or [("", "")])[0][1])
         for stmt in DDL:
             await self._execute(stmt)
 

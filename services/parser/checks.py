@@ -16,7 +16,7 @@ import asyncmy.errors
 
 from services.parser.transactions import Resume
 from shared.errors import MissingPrivilege, SourceMisconfigured
-from shared.mysql import MysqlUrl, binlog_status_sql, map_mysql_error
+from shared.mysql import TLS_CIPHER_SQL, MysqlUrl, binlog_status_sql, map_mysql_error
 
 _VARIABLES = (
     "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "log_bin_compress",
@@ -101,6 +101,7 @@ async def inspect_source(dsn: MysqlUrl) -> SourceInfo:
         raise map_mysql_error(exc, where) from exc
     try:
         async with conn.cursor() as cur:
+            dsn.check_tls((await _rows(cur, TLS_CIPHER_SQL) or [("", "")])[0][1])
             names = ",".join(f"'{n}'" for n in _VARIABLES)
             variables = {str(k).lower(): str(val) for k, val in
                          await _rows(cur, f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})")}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pymysql
 import pytest
 
@@ -77,3 +79,28 @@ def test_versions_are_read_as_numbers_not_text() -> None:
     assert server_version("8.10.2") == (False, (8, 10, 2))
     with pytest.raises(ConfigError, match="cannot read the server version"):
         binlog_status_sql("unknown")
+
+
+def test_tls_options_in_the_url(tmp_path: Path) -> None:
+    import ssl
+
+    plain = MysqlUrl.parse("mysql://u:p@h:3306/db")
+    assert plain.ssl_mode == "DISABLED" and plain.ssl_context() is None and "ssl" not in plain.asyncmy_settings()
+    required = MysqlUrl.parse("mysql://u:p@h/?ssl-mode=required")
+    ctx = required.ssl_context()
+    assert required.ssl_mode == "REQUIRED" and ctx is not None and ctx.verify_mode == ssl.CERT_NONE
+    assert isinstance(required.pymysql_settings()["ssl"], ssl.SSLContext)
+    with pytest.raises(ConfigError, match="does not offer TLS"):
+        required.check_tls("")
+    required.check_tls("TLS_AES_256_GCM_SHA384")
+    assert MysqlUrl.parse("mysql://u@h/?ssl_ca=/ca.pem").ssl_mode == "VERIFY_CA"  # a CA alone means verify
+    for url, message in (("mysql://u@h/?ssl-mode=VERIFY_IDENTITY", "needs ssl-ca="),
+                         ("mysql://u@h/?ssl-mode=PREFERRED", "may fall back to plain text"),
+                         ("mysql://u@h/?ssl-mode=sometimes", "ssl-mode must be one of"),
+                         ("mysql://u@h/?sslmode=REQUIRED", "unknown option 'sslmode'"),
+                         ("mysql://u@h/?ssl-mode=REQUIRED&ssl-cert=/c.pem", "ssl-cert and ssl-key go together")):
+        with pytest.raises(ConfigError, match=message):
+            MysqlUrl.parse(url)
+    with pytest.raises(ConfigError, match="cannot be used"):
+        MysqlUrl.parse(f"mysql://u@h/?ssl-ca={tmp_path}/missing.pem").ssl_context()
+    assert "p@" not in str(MysqlUrl.parse("mysql://u:p@h/?ssl-mode=REQUIRED"))
