@@ -22,6 +22,7 @@ from shared import clients
 from shared.errors import BinlakeError, NatsUnavailable
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+MAX_IN_FLIGHT = 1024  # requests one subscription answers at once; more are refused as `unavailable`
 log = structlog.get_logger()
 
 
@@ -128,6 +129,10 @@ async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
 
     async def on_msg(msg: Msg) -> None:
         if not msg.reply:
+            return
+        if len(running) >= MAX_IN_FLIGHT:  # a flood of requests must not grow memory without end
+            await msg.respond(pack({"ok": False, "code": "unavailable",
+                                    "error": f"{MAX_IN_FLIGHT} requests already in flight here; retry later"}))
             return
         # nats.py delivers one message at a time per subscription; a long-poll get of one
         # client must not hold up everybody else's requests.

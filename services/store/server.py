@@ -31,6 +31,7 @@ from shared.rpc import BadRequest, RpcError, require, require_client, serve
 from shared.subjects import Names, unescape_token
 
 FETCH = 500
+IDLE_S = 300.0  # a client's read-ahead (its consumer and buffer) is dropped after this long unused
 
 
 @dataclass
@@ -39,6 +40,7 @@ class _Position:
 
     reader: OrderedReader
     buffer: deque[Msg] = field(default_factory=deque)
+    used: float = field(default_factory=time.monotonic)
 
     @property
     def next_seq(self) -> int:
@@ -56,6 +58,7 @@ class StoreServer:
         self._max_rows = max_batch_rows
         self._positions: dict[str, _Position] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._swept = time.monotonic()
         self._subs: list[Subscription] = []
         self._batches = registry.counter("store_batches_total", "Batches delivered")
         self._rows = registry.counter("store_rows_total", "Rows delivered in batches")
@@ -102,6 +105,20 @@ class StoreServer:
 
     def _lock(self, client: str) -> asyncio.Lock:
         return self._locks.setdefault(client, asyncio.Lock())
+
+    async def _sweep(self) -> None:
+        """Forget the read-ahead of clients gone quiet (a cache: meta holds their state)."""
+        now = time.monotonic()
+        if now - self._swept < IDLE_S / 10:
+            return
+        self._swept = now
+        for client, pos in list(self._positions.items()):
+            if now - pos.used > IDLE_S and not self._lock(client).locked():
+                del self._positions[client]
+                await pos.reader.close()
+        for client, lock in list(self._locks.items()):
+            if client not in self._positions and not lock.locked():
+                del self._locks[client]
 
     # -- verbs --------------------------------------------------------------------------
 
@@ -182,6 +199,7 @@ class StoreServer:
     async def _read(self, state: ClientState, max_rows: int,
                     max_wait: float) -> tuple[list[bytes], list[int], int, int]:
         """Events after `state.delivered` for this client: (envelopes, their CDC sequences, rows, last examined)."""
+        await self._sweep()
         pos = self._positions.get(state.client)
         if pos is None or pos.next_seq != state.delivered + 1:
             if pos is not None:
@@ -189,6 +207,7 @@ class StoreServer:
             reader = OrderedReader(self._js, self._names.cdc_stream, self._names.cdc_source_filter(self._source),
                                    state.delivered + 1, FETCH)
             pos = self._positions[state.client] = _Position(reader)
+        pos.used = time.monotonic()
         pattern = batches.compile_filter(state.filter)
         events: list[bytes] = []
         seqs: list[int] = []
