@@ -19,6 +19,7 @@ from pathlib import Path
 
 import structlog
 
+from services.launcher import login
 from services.launcher.children import Child
 from services.launcher.config import LauncherConfig
 from services.launcher.servers import (
@@ -90,11 +91,13 @@ def services(cfg: LauncherConfig, env: dict[str, str]) -> list[Child]:
 
 
 def start_bus(cfg: LauncherConfig, data: Path, ports: dict[str, int]) -> NatsServer | NatsCluster:
-    """One nats-server, or with --nats-cluster N a cluster of N (its first node on the remembered port)."""
+    """One nats-server, or with --nats-cluster N a cluster of N (its first node on the remembered port);
+    either refuses connections without the data directory's login."""
+    conf = ["-c", str(login.server_config(data))]
     if cfg.nats_cluster == 1:
-        return start_nats(data / "nats", port=ports.get("nats", cfg.nats_port))
+        return start_nats(data / "nats", port=ports.get("nats", cfg.nats_port), extra_args=conf)
     first = ports.get("nats", cfg.nats_port)
-    return start_nats_cluster(data / "nats-cluster", cfg.nats_cluster,
+    return start_nats_cluster(data / "nats-cluster", cfg.nats_cluster, extra_args=conf,
                               ports=[port_or_free(first), *(free_port() for _ in range(cfg.nats_cluster - 1))])
 
 
@@ -118,7 +121,9 @@ def banner(cfg: LauncherConfig, data: Path, nats: NatsServer | NatsCluster, sour
     return "\n".join([
         "binlake is up",
         f"  data dir : {data}",
-        f"  NATS     : {kind}{nats.url}   (nats --server {nats.url} stream info {cfg.prefix.upper()}_CDC)",
+        f"  NATS     : {kind}{nats.url}   (user {login.USER}, password in {login.password_file(data)}: "
+        f"nats --server {nats.url} --user {login.USER} --password \"$(cat {login.password_file(data)})\" "
+        f"stream info {cfg.prefix.upper()}_CDC)",
         f"  source   : {_shown(source_url)}",
         *spark,
         "  stop     : Ctrl-C",
@@ -153,7 +158,7 @@ async def main(cfg: LauncherConfig) -> None:
                 data / "mariadb", extra_args=DURABLE, port=ports.get("mariadb", cfg.mariadb_port)))
             source_url = mariadb.dsn()
         remember_ports(data, source_url, nats=first_port(nats), **({"mariadb": mariadb.port} if mariadb else {}))
-        env = child_env(cfg, data, nats.url, source_url)
+        env = {**child_env(cfg, data, nats.url, source_url), **login.client_env(data)}
         cluster = spark_cluster(data / "spark", cfg.spark_workers, env) if cfg.spark_workers else None
         print(banner(cfg, data, nats, source_url, cluster), flush=True)
         tasks: list[Callable[[], Awaitable[None]]]

@@ -556,7 +556,8 @@ class NatsCluster:
             node.stop()
 
 
-def start_nats_cluster(basedir: Path, size: int = 3, *, ports: Sequence[int] | None = None) -> NatsCluster:
+def start_nats_cluster(basedir: Path, size: int = 3, *, ports: Sequence[int] | None = None,
+                       extra_args: Sequence[str] = ()) -> NatsCluster:
     """`size` JetStream nats-servers named n0.. with full-mesh routes, each under basedir/n<i>."""
     binary = nats_server_binary()
     basedir = Path(basedir).resolve()
@@ -570,7 +571,7 @@ def start_nats_cluster(basedir: Path, size: int = 3, *, ports: Sequence[int] | N
         log_file = home / "nats-server.log"
         args = [binary, "-a", "127.0.0.1", "-p", str(client[i]), "-n", f"n{i}", "-js", "-sd", str(home / "jetstream"),
                 "-l", str(log_file), "-m", str(monitor[i]), "--cluster_name", "binlake",
-                "--cluster", f"nats://127.0.0.1:{cluster[i]}", "--routes", routes]
+                "--cluster", f"nats://127.0.0.1:{cluster[i]}", "--routes", routes, *extra_args]
         nodes.append(NatsServer(port=client[i], store_dir=home / "jetstream", log_file=log_file, proc=None, args=args))
     started = NatsCluster(nodes, monitor)
     try:

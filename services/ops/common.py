@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -9,7 +10,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shared.config import check_replicas
+from services.launcher import login
+from shared.config import NatsSettings, check_replicas
 from shared.errors import BinlakeError, ConfigError
 
 T = TypeVar("T")
@@ -24,6 +26,18 @@ def nats_url() -> str:
         return f"nats://127.0.0.1:{json.loads(ports.read_text())['nats']}"
     except (OSError, ValueError, KeyError):
         return "nats://127.0.0.1:4222"
+
+
+def nats_auth() -> NatsSettings:
+    """BINLAKE_NATS_* login settings, else, with the URL of a local `binlake up`, its login."""
+    settings = NatsSettings.from_env()
+    if "BINLAKE_NATS_URL" in os.environ or settings.nats_user or settings.nats_token or settings.nats_creds \
+            or settings.nats_nkey_seed:
+        return settings
+    secret = login.password_file(Path(os.environ.get("BINLAKE_DATA_DIR", ".binlake")))
+    if not secret.is_file():
+        return settings
+    return dataclasses.replace(settings, nats_user=login.USER, nats_password=secret.read_text().strip())
 
 
 def replicas() -> int:

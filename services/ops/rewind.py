@@ -6,7 +6,7 @@ import argparse
 import datetime as dt
 import sys
 
-from services.ops.common import nats_url, run
+from services.ops.common import nats_auth, nats_url, run
 from shared import jetstream
 from shared.errors import ConfigError
 from shared.meta_client import MetaClient
@@ -27,7 +27,7 @@ def parse_timestamp(text: str) -> int:
 
 async def rewind(url: str, prefix: str, source: str, client: str, timestamp: str | None,
                  position: str | None) -> dict[str, object]:
-    nc = await jetstream.connect(url, name="binlake-rewind", first_connect_s=3.0)
+    nc = await jetstream.connect(url, name="binlake-rewind", auth=nats_auth(), first_connect_s=3.0)
     try:
         meta = MetaClient(nc, prefix, timeout_s=60.0)
         if timestamp is not None:

@@ -19,7 +19,7 @@ from typing import TextIO
 
 import nats.js.errors
 
-from services.ops.common import nats_url, replicas, run
+from services.ops.common import nats_auth, nats_url, replicas, run
 from shared import jetstream, keys
 from shared import snapshots as snap
 from shared.errors import BinlakeError, ConfigError
@@ -82,7 +82,7 @@ class Progress:
 async def request(url: str, prefix: str, source: str, patterns: list[str], *, wait: bool, accept_timeout_s: float,
                   out: TextIO) -> int:
     names = Names(prefix)
-    nc = await jetstream.connect(url, name="binlake-snapshot", first_connect_s=3.0)
+    nc = await jetstream.connect(url, name="binlake-snapshot", auth=nats_auth(), first_connect_s=3.0)
     try:
         js = nc.jetstream()
         kv = await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=replicas())

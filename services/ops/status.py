@@ -13,7 +13,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from services.ops.common import nats_url, run
+from services.ops.common import nats_auth, nats_url, run
 from shared import jetstream, keys
 from shared import snapshots as snap
 from shared.assignment import owned, tables_per_partition
@@ -46,7 +46,7 @@ _PARTITIONS = re.compile(r"partition\((\d+),")
 
 async def collect(url: str, prefix: str, source: str, partitions: int | None) -> dict[str, Any]:
     names = Names(prefix)
-    nc = await jetstream.connect(url, name="binlake-status", first_connect_s=3.0)
+    nc = await jetstream.connect(url, name="binlake-status", auth=nats_auth(), first_connect_s=3.0)
     try:
         js = nc.jetstream()
         streams: dict[str, dict[str, int] | None] = {}

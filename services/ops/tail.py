@@ -11,7 +11,7 @@ from typing import Any
 
 import nats.js.errors
 
-from services.ops.common import nats_url, run
+from services.ops.common import nats_auth, nats_url, run
 from shared import envelope, jetstream
 from shared.errors import ConfigError
 from shared.ordered_reader import OrderedReader
@@ -40,7 +40,7 @@ async def tail(url: str, prefix: str, source: str, table: str, frm: str, follow:
     if not sep:
         raise ConfigError("give the table as db.table")
     names = Names(prefix)
-    nc = await jetstream.connect(url, name="binlake-tail", first_connect_s=3.0)
+    nc = await jetstream.connect(url, name="binlake-tail", auth=nats_auth(), first_connect_s=3.0)
     printed = 0
     try:
         js = nc.jetstream()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -65,6 +66,26 @@ def _cli(data: Path, *args: str, timeout: float = 300) -> subprocess.CompletedPr
                           text=True, timeout=timeout)
 
 
+def _assert_nats_wants_the_login(data: Path, output: str) -> None:
+    """NATS refuses connections without the generated login; the password is only in a 0600 file."""
+    secret = data / "nats-password"
+    assert secret.stat().st_mode & 0o777 == 0o600 and (data / "nats-login.conf").stat().st_mode & 0o777 == 0o600
+    assert secret.read_text().strip() not in output, "the banner or a log printed the NATS password"
+    port = json.loads((data / "ports.json").read_text())["nats"]
+    # The protocol by hand: a client library would leave its half-open transport to the GC.
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        info = sock.recv(4096)
+        assert info.startswith(b"INFO ") and b'"auth_required":true' in info, info
+        sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    assert answer.startswith(b"-ERR 'Authorization Violation'"), answer
+
+
 def _verified(data: Path, table: str) -> bool:
     result = _cli(data, "verify", table)
     if result.returncode == 0 and f"OK    {table}" in result.stdout:
@@ -92,6 +113,7 @@ def test_up_runs_the_stack_stops_on_sigint_and_continues(tmp_path):
         wait_until(lambda: "binlake is up" in log.read_text() or up.poll() is not None, 120, "the banner")
         assert up.poll() is None, log.read_text()
         wait_until(lambda: '"lease.acquired"' in log.read_text(), 60, "the parser to start")
+        _assert_nats_wants_the_login(data, log.read_text())
         conn = _mysql(data)
         with conn.cursor() as cur:
             cur.execute("CREATE DATABASE demo")
