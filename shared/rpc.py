@@ -94,11 +94,13 @@ def split_reply(reply: dict[str, Any], fields: tuple[str, ...], limit: int) -> l
 
 
 async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
-                split_fields: tuple[str, ...] = ()) -> Subscription:
+                split_fields: tuple[str, ...] = (),
+                bind: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> Subscription:
     """Answer requests on `subject` with `handler`; errors become `{"ok": false}` replies.
 
     With `split_fields`, a reply larger than the connection's max_payload is sent as several
     messages, each with `part` and `last`, the lists in `split_fields` spread over them.
+    `bind(subject, request)` checks a request against the subject it came on, before `handler`.
     """
     limit = max(1024, nc.max_payload - 64 * 1024) if nc.max_payload else 900 * 1024
 
@@ -112,6 +114,8 @@ async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
                 raise BadRequest(f"request is not msgpack: {exc}") from None
             if not isinstance(req, dict):
                 raise BadRequest("request must be a msgpack map")
+            if bind is not None:
+                req = bind(msg.subject, req)
             reply = {"ok": True, **(await handler(req))}
         except RpcError as exc:
             reply = {"ok": False, "code": exc.code, "error": str(exc)}

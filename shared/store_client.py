@@ -71,8 +71,8 @@ class StoreClient:
             await self._nc.drain()
 
     async def _call(self, verb: str, req: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        return await call(self._nc, self._names.store_rpc(self._source, verb), {"client": self.client, **req},
-                          timeout or self._timeout)
+        return await call(self._nc, self._names.store_client_rpc(self._source, verb, self.client),
+                          {"client": self.client, **req}, timeout or self._timeout)
 
     async def subscribe(self, filter: str = ".*", start: str | dict[str, Any] = "earliest", *,
                         reset: bool = False) -> int:
@@ -85,7 +85,7 @@ class StoreClient:
         return int(reply["acked"])
 
     async def get(self, max_rows: int = 1000, max_wait: float = 1.0) -> Batch:
-        reply = await call_parts(self._nc, self._names.store_rpc(self._source, "get"),
+        reply = await call_parts(self._nc, self._names.store_client_rpc(self._source, "get", self.client),
                                  {"client": self.client, "max_rows": max_rows, "max_wait": max_wait},
                                  ("events", "seqs"), timeout=self._timeout + max_wait)
         return Batch(reply.get("batch_id"), list(reply.get("events") or []), int(reply.get("rows", 0)),

@@ -124,8 +124,17 @@ class Names:
         return f"{self.prefix}.meta.{verb}"
 
     def store_rpc(self, source: str, verb: str) -> str:
-        """Request subject of a store verb (`subscribe`, `get`, `ack`, ...) for one source."""
+        """Request subject of a store verb (`subscribe`, `get`, `ack`, ...) for one source (any client)."""
         return f"{self.prefix}.store.{escape_token(source)}.{verb}"
+
+    def store_client_rpc(self, source: str, verb: str, client: str) -> str:
+        """The same verb on a subject of its own per client: a NATS user can be allowed only its own."""
+        return f"{self.store_rpc(source, verb)}.{escape_token(client)}"
+
+    def client_of_store_rpc(self, subject: str) -> str | None:
+        """The client a store request subject names (None: the any-client subject)."""
+        parts = subject.split(".")
+        return unescape_token(parts[4]) if len(parts) == 5 else None
 
     def raw(self, source: str, db: str, table: str) -> str:
         """Subject the parser publishes to (before the stream's partition transform)."""

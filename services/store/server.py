@@ -69,12 +69,24 @@ class StoreServer:
         self.log = structlog.get_logger().bind(actor="store")
 
     async def start(self) -> None:
-        subject = self._names.store_rpc
         for verb, handler in (("subscribe", self.subscribe), ("ack", self.ack), ("rollback", self.rollback),
-                              ("unsubscribe", self.unsubscribe)):
-            self._subs.append(await serve(self._nc, subject(self._source, verb), self._counted(handler), queue="store"))
-        self._subs.append(await serve(self._nc, subject(self._source, "get"), self._counted(self.get), queue="store",
-                                      split_fields=("events", "seqs")))
+                              ("unsubscribe", self.unsubscribe), ("get", self.get)):
+            base = self._names.store_rpc(self._source, verb)
+            split = ("events", "seqs") if verb == "get" else ()
+            # `<verb>` serves any client (operators' tools); `<verb>.<client>` only the client it
+            # names, so that NATS permissions can give an application just its own subjects.
+            self._subs.append(await serve(self._nc, base, self._counted(handler), queue="store", split_fields=split))
+            self._subs.append(await serve(self._nc, f"{base}.*", self._counted(handler), queue="store",
+                                          split_fields=split, bind=self._own_client))
+
+    def _own_client(self, subject: str, req: dict[str, Any]) -> dict[str, Any]:
+        named = self._names.client_of_store_rpc(subject)
+        if "client" not in req and named is not None:
+            return {**req, "client": named}
+        if req.get("client") != named:
+            raise BadRequest(f"the request names client {str(req.get('client'))[:40]!r} on the subject of client "
+                             f"{str(named)[:40]!r}")
+        return req
 
     async def stop(self) -> None:
         for sub in self._subs:
