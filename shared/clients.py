@@ -14,18 +14,18 @@ from typing import Any
 
 MAX_NAME = 128  # characters of a client name; it travels in NATS control lines and keys
 MAX_FILTER = 1000  # characters of a client's table filter
-_NAME = re.compile(rf"[^\s\x00-\x1f\x7f]{{1,{MAX_NAME}}}")
+_NAME = re.compile(rf"[^\x00-\x1f\x7f]{{1,{MAX_NAME}}}")
 
 
 def name_problem(name: str) -> str | None:
     """Why `name` cannot name a client (None: it can)."""
-    if _NAME.fullmatch(name):
+    if _NAME.fullmatch(name) and name.strip():
         return None
-    if not name:
+    if not name.strip():
         return "a client name must not be empty"
     if len(name) > MAX_NAME:
         return f"a client name has at most {MAX_NAME} characters, got {len(name)}"
-    return f"a client name has no spaces or control characters, got {name[:40]!r}"
+    return f"a client name has no control characters (tabs, newlines...), got {name[:40]!r}"
 
 
 @dataclass(frozen=True)

@@ -128,9 +128,9 @@ def test_compile_filter_is_linear_time_and_bounded():
 
 
 @pytest.mark.parametrize(("name", "problem"), [
-    ("my-app", None), ("app.eu@host:1", None), ("é" * 128, None),
-    ("", "must not be empty"), ("x" * 129, "at most 128 characters, got 129"),
-    ("two words", "no spaces or control characters"), ("tab\there", "no spaces"), ("nl\n", "no spaces"),
+    ("my-app", None), ("app.eu@host:1", None), ("é" * 128, None), ("my app/ü", None),
+    ("", "must not be empty"), ("  ", "must not be empty"), ("x" * 129, "at most 128 characters, got 129"),
+    ("tab\there", "no control characters"), ("nl\n", "no control characters"),
 ])
 def test_client_names_are_checked(name, problem):
     from shared.clients import name_problem
