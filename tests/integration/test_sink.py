@@ -10,6 +10,7 @@ from collections import Counter
 import msgpack
 import nats
 import pytest
+from nats.js.api import DiscardPolicy
 
 from shared.subjects import Names
 from tests.integration.support import (
@@ -60,6 +61,18 @@ def test_workers_scale_and_crash_without_loss_or_reordering(mariadb, database, p
     time.sleep(1)  # anything still in flight would show up as a duplicate now
     assert_cdc_exactly_once(read_stream_sync(nats_url, "BINLAKE_CDC"), read_stream_sync(nats_url), workload)
     assert a.running and d.running
+
+
+async def _keep_only_the_last_raw_messages(nats_url: str, count: int) -> None:
+    """Retention as an operator or the stream's limits would apply it: the oldest messages go."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        cfg = (await js.stream_info("BINLAKE_RAW")).config
+        cfg.max_msgs, cfg.discard = count, DiscardPolicy.OLD
+        await js.update_stream(cfg)
+    finally:
+        await nc.close()
 
 
 async def _publish_raw(nats_url: str, subject: str, data: bytes, msg_id: str) -> None:
@@ -146,8 +159,6 @@ def test_tables_are_spread_over_the_workers_not_partitions(mariadb, database, pa
 def test_raw_messages_removed_before_the_sink_read_them_halt_the_partition(mariadb, database, parser, sink_factory,
                                                                           nats_url):
     """Retention never skips silently: the partition stops and says which sequences are gone."""
-    from nats.js.api import DiscardPolicy
-
     db = database
     mariadb.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY)", f"INSERT INTO `{db}`.t VALUES (1)")
     a = sink_factory("a", BINLAKE_CURSOR_INTERVAL_S="0.2")
@@ -156,17 +167,7 @@ def test_raw_messages_removed_before_the_sink_read_them_halt_the_partition(maria
     mariadb.execute(*(f"INSERT INTO `{db}`.t VALUES ({i})" for i in range(2, 32)))  # 30 transactions
     wait_until(lambda: sum(1 for m in row_changes(read_stream_sync(nats_url), db)) >= 31, 60, "30 more in RAW")
 
-    async def trim() -> None:
-        nc = await nats.connect(nats_url)
-        try:
-            js = nc.jetstream()
-            cfg = (await js.stream_info("BINLAKE_RAW")).config
-            cfg.max_msgs, cfg.discard = 5, DiscardPolicy.OLD
-            await js.update_stream(cfg)
-        finally:
-            await nc.close()
-
-    asyncio.run(trim())
+    asyncio.run(_keep_only_the_last_raw_messages(nats_url, 5))
     b = sink_factory("b", BINLAKE_CURSOR_INTERVAL_S="0.2")
     wait_until(lambda: '"partition.retention_gap"' in b.output, 60, "the partition to halt on the gap")
     line = next(x for x in b.output.splitlines() if '"partition.retention_gap"' in x)
@@ -179,8 +180,6 @@ def test_raw_messages_removed_before_the_sink_read_them_halt_the_partition(maria
 @pytest.mark.timeout(240)
 def test_an_idle_partition_whose_old_messages_age_out_is_no_false_alarm(mariadb, database, parser, sink_factory,
                                                                          nats_url):
-    from nats.js.api import DiscardPolicy
-
     from shared.subjects import escape_token, partition
 
     db = database
@@ -198,17 +197,7 @@ def test_an_idle_partition_whose_old_messages_age_out_is_no_false_alarm(mariadb,
     wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) >= 32, 60, "every row in CDC")
     time.sleep(3)  # the idle partition records that the stream holds nothing more of it
 
-    async def trim() -> None:
-        nc = await nats.connect(nats_url)
-        try:
-            js = nc.jetstream()
-            cfg = (await js.stream_info("BINLAKE_RAW")).config
-            cfg.max_msgs, cfg.discard = 5, DiscardPolicy.OLD
-            await js.update_stream(cfg)
-        finally:
-            await nc.close()
-
-    asyncio.run(trim())  # the idle table's only message is gone, long handled
+    asyncio.run(_keep_only_the_last_raw_messages(nats_url, 5))  # the idle table's only message is gone, long handled
     time.sleep(1)
     a.stop()
     b = sink_factory("b", BINLAKE_CURSOR_INTERVAL_S="0.2")
