@@ -23,9 +23,16 @@ async def test_requests_beyond_the_bound_are_refused_as_unavailable(nats_url: st
     try:
         sub = await rpc.serve(server, "test.flood", slow)
         await server.flush()
-        pending = [asyncio.create_task(client.request("test.flood", msgpack.packb({"n": i}), timeout=10))
+        pending = [asyncio.create_task(client.request("test.flood", msgpack.packb({"n": i}), timeout=30))
                    for i in range(20)]
-        await asyncio.sleep(1)
+        # The 12 over the bound are answered at once, while the 8 in flight still wait.
+        done: set[asyncio.Task[Any]] = set()
+        while len(done) < 12:
+            finished, _ = await asyncio.wait([p for p in pending if p not in done], timeout=30,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            assert finished, f"only {len(done)} requests answered while 8 were held"
+            done |= finished
+        assert len(done) == 12
         release.set()
         replies = [msgpack.unpackb((await p).data) for p in pending]
         refused = [r for r in replies if not r["ok"]]
