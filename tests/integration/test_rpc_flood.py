@@ -7,6 +7,7 @@ from typing import Any
 
 import msgpack
 import nats
+import nats.errors
 
 from shared import rpc
 
@@ -16,13 +17,20 @@ async def test_requests_beyond_the_bound_are_refused_as_unavailable(nats_url: st
     release = asyncio.Event()
 
     async def slow(req: dict[str, Any]) -> dict[str, Any]:
-        await release.wait()
-        return {"n": req["n"]}
+        if "probe" not in req:
+            await release.wait()
+        return {"n": req.get("n")}
 
     server, client = await nats.connect(nats_url), await nats.connect(nats_url)
     try:
         sub = await rpc.serve(server, "test.flood", slow)
         await server.flush()
+        for _ in range(50):  # the subscription is known to the server before the flood starts
+            try:
+                await client.request("test.flood", msgpack.packb({"probe": True}), timeout=2)
+                break
+            except nats.errors.NoRespondersError:
+                await asyncio.sleep(0.1)
         pending = [asyncio.create_task(client.request("test.flood", msgpack.packb({"n": i}), timeout=30))
                    for i in range(20)]
         # The 12 over the bound are answered at once, while the 8 in flight still wait.
