@@ -217,9 +217,9 @@ class MariaDB:
             **kwargs,
         )
 
-    def execute(self, *sql: str) -> None:
-        """Run statements as root, in order, with autocommit."""
-        conn = self.connect()
+    def execute(self, *sql: str, **connect: Any) -> None:
+        """Run statements as root, in order, with autocommit (`connect`: more pymysql settings, e.g. ssl)."""
+        conn = self.connect(**connect)
         try:
             with conn.cursor() as cur:
                 for stmt in sql:

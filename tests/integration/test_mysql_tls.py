@@ -28,16 +28,6 @@ def tls_only_server(mariadb_factory: Callable[..., MariaDB], certs: Certs) -> Ma
     return server
 
 
-def run_sql(server: MariaDB, certs: Certs, *sql: str) -> None:
-    conn = server.connect(ssl={"ca": str(certs.ca)})
-    try:
-        with conn.cursor() as cur:
-            for stmt in sql:
-                cur.execute(stmt)
-    finally:
-        conn.close()
-
-
 @pytest.mark.parametrize("query", ["?ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}", "?ssl-ca={ca}", "?ssl-mode=REQUIRED"],
                          ids=["verify-identity", "ca-alone-verifies", "required"])
 def test_the_parser_reads_a_tls_only_source(mariadb_factory: Callable[..., MariaDB], parser_factory: ParserFactory,
@@ -46,7 +36,7 @@ def test_the_parser_reads_a_tls_only_source(mariadb_factory: Callable[..., Maria
     url = server.dsn() + "/" + query.format(ca=quote(str(certs.ca)))
     parser = parser_factory(wait_ready=False, BINLAKE_SOURCE_URL=url)
     wait_until(lambda: '"pipeline.start"' in parser.output or not parser.running, 60, "the parser to start")
-    run_sql(server, certs, "INSERT INTO shop.t VALUES (1)")
+    server.execute("INSERT INTO shop.t VALUES (1)", ssl={"ca": str(certs.ca)})
     wait_until(lambda: row_changes(read_stream_sync(nats_url), "shop") or not parser.running, 60, "the row")
     assert parser.running, parser.output
     assert [r["after"]["id"] for m in row_changes(read_stream_sync(nats_url), "shop") for r in m.env["rows"]] == [1]

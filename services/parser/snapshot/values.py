@@ -45,23 +45,8 @@ def _valid(raw: bytes) -> bool:
 _SEEN_DATES = 65_536  # dates remembered as valid per column (a chunk's dates repeat)
 
 
-def _date(stats: v.DecodeStats) -> TextDecoder:
-    seen: set[bytes] = set()
-
-    def decode(raw: bytes) -> Any:
-        if raw not in seen:
-            if not _valid(raw):
-                stats.zero_dates += 1
-                return None
-            if len(seen) >= _SEEN_DATES:
-                seen.clear()
-            seen.add(raw)
-        return raw.decode("ascii")
-
-    return decode
-
-
-def _datetime(stats: v.DecodeStats, zone: str) -> TextDecoder:
+def _temporal(stats: v.DecodeStats, zone: str) -> TextDecoder:
+    """DATE, DATETIME and TIMESTAMP: `YYYY-MM-DD[ hh:mm:ss[.f]]` in ISO form, invalid dates null."""
     seen: set[bytes] = set()
 
     def decode(raw: bytes) -> Any:
@@ -112,12 +97,10 @@ def text_decoder_for(col: Column, stats: v.DecodeStats) -> TextDecoder:
         return float
     if code in (v.NEWDECIMAL, v.TIME, v.TIME2):
         return _ascii
-    if code == v.DATE:
-        return _date(stats)
-    if code in (v.DATETIME, v.DATETIME2):
-        return _datetime(stats, "")
+    if code in (v.DATE, v.DATETIME, v.DATETIME2):
+        return _temporal(stats, "")
     if code in (v.TIMESTAMP, v.TIMESTAMP2):
-        return _datetime(stats, "Z")  # the snapshot session runs with time_zone = '+00:00'
+        return _temporal(stats, "Z")  # the snapshot session runs with time_zone = '+00:00'
     if code in (v.VARCHAR, v.VAR_STRING, v.STRING, v.BLOB):
         return _text(col.ctype.encoding) if col.ctype.encoding else bytes
     if code == v.ENUM:
