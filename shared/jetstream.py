@@ -114,13 +114,19 @@ async def connect(url: str, name: str, *, auth: NatsSettings | None = None, conn
             reconnected_cb=on_reconnected, **login,
         ), first_connect_s)
         holder.append(nc)
-        return nc
     except (OSError, nats.errors.Error, TimeoutError) as exc:
         refused = _refusal(exc, shown) or next((r for e in seen_errors if (r := _refusal(e, shown))), None)
         if refused:
             raise ConfigError(refused) from exc
         raise NatsUnavailable(f"cannot reach NATS at {shown} ({exc!r}); start nats-server -js or fix the URL") \
             from exc
+    # nats.py encrypts only when the server demands it: a server without TLS must not get a
+    # connection that was asked to be encrypted.
+    if "tls" in login and not getattr(nc, "_server_info", {}).get("tls_required"):
+        await nc.close()
+        raise ConfigError(f"NATS at {shown} does not require TLS, but a tls:// URL or BINLAKE_NATS_TLS_* asks for "
+                          "it: turn TLS on in the server, or drop the TLS settings")
+    return nc
 
 
 def server_urls(url: str) -> list[str]:

@@ -151,18 +151,16 @@ class OrderedReader:
         """Nothing buffered and, as the last delivery said, nothing pending on the server."""
         return not self._buffer and self.pending == 0
 
-    async def delivered_all(self) -> int | None:
-        """The stream sequence of the last message delivered when the consumer has nothing
-        pending, else None (also when there is no consumer or the server cannot be asked)."""
-        if self._consumer is None:
-            return None
+    async def handed_out_all(self) -> bool:
+        """Whether the server has nothing pending for this consumer and every message it delivered
+        was handed out by `fetch` (False when there is no consumer or the server cannot be asked)."""
+        if self._consumer is None or self._buffer:
+            return False
         try:
             info = await self._js.consumer_info(self._stream, self._consumer)
         except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
-            return None
-        if info.num_pending or info.delivered is None:
-            return None
-        return int(info.delivered.stream_seq or 0)
+            return False
+        return not info.num_pending and info.delivered is not None and info.delivered.consumer_seq == self._cseq
 
     async def close(self) -> None:
         sub, self._inbox_sub = self._inbox_sub, None

@@ -66,7 +66,8 @@ def remember_ports(data: Path, source_url: str, **ports: int) -> None:
 def child_env(cfg: LauncherConfig, data: Path, nats_url: str, source_url: str) -> dict[str, str]:
     """The caller's environment, its BINLAKE_* settings included (BINLAKE_CONFIG, masks, filters,
     tunables), with the wiring to the servers `binlake up` started put over it."""
-    env = {k: v for k, v in os.environ.items() if k != "BINLAKE_INSTANCE"}  # each child gets its own
+    # Each child gets its own instance name; NATS login and TLS are the wiring to the bus `up` runs.
+    env = {k: v for k, v in os.environ.items() if k != "BINLAKE_INSTANCE" and not k.startswith("BINLAKE_NATS_")}
     env.update(BINLAKE_NATS_URL=nats_url, BINLAKE_SOURCE_URL=source_url, BINLAKE_SOURCE=cfg.source,
                BINLAKE_PREFIX=cfg.prefix, BINLAKE_LOG_LEVEL=cfg.log_level, BINLAKE_METRICS_PORT="0",
                BINLAKE_DATA_DIR=str(data), BINLAKE_REPLICAS=str(cfg.replicas))

@@ -64,7 +64,7 @@ class PartitionWorker:
         self._s = settings
         self._key = keys.partition_cursor(settings.source, settings.partition)
         self._table_rules: dict[tuple[str, str], tuple[bool, TableRules]] = {}
-        self._checked_schemas: set[Any] = set()
+        self._checked_schemas: set[str] = set()
         self._cursor = 0
         self._seen = 0  # every message of this partition up to this raw sequence is handled
         self._unverified: int | None = None  # where a jump not yet checked against retention began
@@ -119,7 +119,8 @@ class PartitionWorker:
         poison: tuple[Msg, str] | None = None
         last_ok = self._cursor
         first = msgs[0].metadata.sequence.stream
-        if self._unverified is None and first > self._handled + 1:
+        # A partition that never handled anything starts wherever the stream starts.
+        if self._unverified is None and self._handled > 0 and first > self._handled + 1:
             self._unverified = self._handled  # other partitions' messages, or removed ones: _verify tells
         for m in msgs:
             seq = m.metadata.sequence.stream
@@ -186,10 +187,12 @@ class PartitionWorker:
     def _check_columns(self, db: str, table: str, env: dict[str, Any]) -> None:
         """Say once per schema when a column rule names a column the table does not have."""
         schema = env.get("schema")
-        if not isinstance(schema, dict) or schema.get("id") in self._checked_schemas:
+        if not isinstance(schema, dict) or not isinstance(columns := schema.get("columns"), list):
             return
-        self._checked_schemas.add(schema.get("id"))
-        names = [c.get("name", "") for c in schema.get("columns", []) if isinstance(c, dict)]
+        if (sid := str(schema.get("id"))) in self._checked_schemas:
+            return
+        self._checked_schemas.add(sid)
+        names = [str(c.get("name", "")) for c in columns if isinstance(c, dict)]
         missing = self._rules_for(db, table)[1].missing(names)
         if missing:
             self._unknown_columns.inc(len(missing), partition=self._p)
@@ -242,9 +245,9 @@ class PartitionWorker:
             self._unverified = None
         if drained and self._reader is not None:
             self._seen_at = time.monotonic()
-            # Asked after the stream's last sequence: nothing pending then means none of ours up to it.
-            delivered = await self._reader.delivered_all()
-            if delivered is not None and delivered <= self._cursor:
+            # Asked after the stream's last sequence: nothing pending and everything delivered handed
+            # out (and so handled) means none of ours is left up to it.
+            if await self._reader.handed_out_all():
                 self._seen = max(self._seen, state.last_seq)
 
     async def _retention_gap(self, handled: int, first: int) -> None:

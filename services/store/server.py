@@ -128,9 +128,6 @@ class StoreServer:
             if now - pos.used > IDLE_S and not self._lock(client).locked():
                 del self._positions[client]
                 await pos.reader.close()
-        for client, lock in list(self._locks.items()):
-            if client not in self._positions and not lock.locked():
-                del self._locks[client]
 
     # -- verbs --------------------------------------------------------------------------
 

@@ -82,3 +82,12 @@ def test_tls_with_a_private_ca_and_a_client_certificate(tmp_path: Path, certs: C
         assert "BINLAKE_NATS_TLS_CERT and BINLAKE_NATS_TLS_KEY go together" in bad.stderr, bad.stderr
     finally:
         ns.stop()
+
+
+def test_tls_asked_of_a_server_without_it_is_refused(tmp_path: Path, certs: Certs) -> None:
+    ns = start_nats(tmp_path / "nats")
+    try:
+        plain = cli({"BINLAKE_NATS_URL": f"tls://127.0.0.1:{ns.port}", "BINLAKE_NATS_TLS_CA": str(certs.ca)}, "status")
+        assert plain.returncode != 0 and "does not require TLS" in plain.stderr, plain.stderr
+    finally:
+        ns.stop()

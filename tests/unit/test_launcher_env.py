@@ -23,7 +23,9 @@ def test_the_callers_settings_reach_the_children_under_the_wiring(monkeypatch: p
     monkeypatch.setenv("BINLAKE_FLUSH_S", "30")
     monkeypatch.setenv("BINLAKE_NATS_URL", "nats://elsewhere:4222")  # not the bus `up` started
     monkeypatch.setenv("BINLAKE_INSTANCE", "mine")
+    monkeypatch.setenv("BINLAKE_NATS_TOKEN", "for-another-bus")  # would stack on the login `up` generates
     env = child_env(LauncherConfig(), Path("/data"), "nats://127.0.0.1:1", "mysql://root@127.0.0.1:2")
+    assert "BINLAKE_NATS_TOKEN" not in env
     assert env["BINLAKE_CONFIG"] == "/etc/binlake.toml" and env["BINLAKE_SNAPSHOT_CHUNK_ROWS"] == "7"
     assert env["BINLAKE_MASKS"] == '{"shop.users": {"email": "hash"}}' and env["BINLAKE_FLUSH_S"] == "30"
     assert env["BINLAKE_NATS_URL"] == "nats://127.0.0.1:1" and env["BINLAKE_DATA_DIR"] == "/data"

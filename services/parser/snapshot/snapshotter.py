@@ -319,7 +319,9 @@ class Snapshotter:
                                     self.windows.close(step.wid)
                                 step = None
                         if isinstance(step, _Read) and step.done:
+                            sealed = step  # so that a failed write below closes its window too
                             await self.marks.write(conn, slot, step.wid, HIGH)  # nothing follows to close it
+                            sealed = None
                             p, scn, ok = await self._settle(step, p)
                             if ok:
                                 commit = asyncio.create_task(self._commit(key, p, scn, commit, rev))
