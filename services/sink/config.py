@@ -23,12 +23,17 @@ class SinkConfig(config.ServiceConfig):
     columns_exclude: dict[str, list[str]] = field(default_factory=dict)
     masks: dict[str, dict[str, str]] = field(default_factory=dict)
     mask_salt: str = ""
+    # The source's @@lower_case_table_names: 0 matches database and table names by case, 1 and 2
+    # ignore it. The sink has no connection to the source, so it is told; 1 is the default because
+    # ignoring case can only apply a rule to more tables, never let a mask miss its table.
+    lower_case_table_names: int = 1
     metrics_port: int = 9102
 
     def rules(self) -> Rules:
         return Rules.build(include=self.include, exclude=self.exclude, skip_ops=self.skip_ops,
                            columns_include=self.columns_include, columns_exclude=self.columns_exclude,
-                           masks=self.masks, salt=self.mask_salt)
+                           masks=self.masks, salt=self.mask_salt,
+                           lower_case_table_names=self.lower_case_table_names)
 
 
     @classmethod

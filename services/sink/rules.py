@@ -2,10 +2,17 @@
 
 Table filters follow Canal: comma-separated regular expressions that must match the whole
 `db.table` (`filter.regex` = include, `black.regex` = exclude). Column rules and masks are
-keyed by `db.table` globs (`shop.*`). Column names match case-insensitively, as MySQL's do:
-a mask written for `Email` masks the column `email`. Primary-key columns are never dropped,
-so every row stays addressable downstream. A masked value never leaves this module in clear
-text.
+keyed by `db.table` globs (`shop.*`). Names match the way the source compares them, so a
+rule written the way the source's SQL spells a name never misses it in the binlog:
+
+- columns always case-insensitively (as in MySQL): a mask for `Email` masks `email`;
+- databases and tables (filter regexes and glob keys alike) per the source's
+  `lower_case_table_names`: 0 compares them case-sensitively (`Shop.Orders` and `shop.orders`
+  are two tables); 1 (stored in lower case) and 2 (stored as given, compared in lower case)
+  case-insensitively, so `Shop.Orders` matches the binlog's `shop.orders`.
+
+Primary-key columns are never dropped, so every row stays addressable downstream. A masked
+value never leaves this module in clear text.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from shared.mysql_types import BINARIES, TEXTS
 # Types whose values stay of the same kind when truncated (strings or bytes).
 _TRUNCATABLE = frozenset({*TEXTS, *BINARIES})
 MASK_METHODS = ("hash", "truncate", "replace")
+# The values of MySQL's and MariaDB's `lower_case_table_names`; only 0 compares names by case.
+LOWER_CASE_TABLE_NAMES = (0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -73,14 +82,15 @@ class TableRules:
         return sorted(named - have)
 
 
-def _patterns(items: Iterable[str], what: str) -> tuple[re.Pattern[str], ...]:
+def _patterns(items: Iterable[str], what: str, ignore_case: bool) -> tuple[re.Pattern[str], ...]:
     out = []
+    flags = re.IGNORECASE if ignore_case else 0
     for item in items:
         for part in (p.strip() for p in item.split(",")):
             if not part:
                 continue
             try:
-                out.append(re.compile(part))
+                out.append(re.compile(part, flags))
             except re.error as exc:
                 raise ConfigError(f"{what} regex {part!r} is invalid: {exc}") from None
     return tuple(out)
@@ -95,13 +105,23 @@ class Rules:
     columns_exclude: Mapping[str, frozenset[str]] = field(default_factory=dict)
     masks: Mapping[str, Mapping[str, Mask]] = field(default_factory=dict)
     salt: bytes = b""
+    tables_ignore_case: bool = True  # `lower_case_table_names` 1 or 2 (`build` compiles the regexes to agree)
 
     @classmethod
     def build(cls, *, include: Sequence[str] = (), exclude: Sequence[str] = (), skip_ops: Sequence[str] = (),
               columns_include: Mapping[str, Sequence[str]] | None = None,
               columns_exclude: Mapping[str, Sequence[str]] | None = None,
-              masks: Mapping[str, Mapping[str, str]] | None = None, salt: str = "") -> Rules:
-        """Validate configuration values and build the rules; raises ConfigError naming the bad value."""
+              masks: Mapping[str, Mapping[str, str]] | None = None, salt: str = "",
+              lower_case_table_names: int = 1) -> Rules:
+        """Validate configuration values and build the rules; raises ConfigError naming the bad value.
+
+        :param lower_case_table_names: the source's setting of that name (0, 1 or 2): how database
+            and table names compare.
+        """
+        if isinstance(lower_case_table_names, bool) or lower_case_table_names not in LOWER_CASE_TABLE_NAMES:
+            raise ConfigError(f"BINLAKE_LOWER_CASE_TABLE_NAMES must be 0, 1 or 2 (the source's "
+                              f"@@lower_case_table_names), got {lower_case_table_names!r}")
+        ignore_case = lower_case_table_names != 0
         columns_include = _column_lists(columns_include, "columns_include")
         columns_exclude = _column_lists(columns_exclude, "columns_exclude")
         masks = _mask_specs(masks)
@@ -115,12 +135,12 @@ class Rules:
         if parsed_masks and not salt:
             raise ConfigError("masks are configured but mask_salt is empty; set BINLAKE_MASK_SALT to a secret")
         return cls(
-            include=_patterns(include, "include"), exclude=_patterns(exclude, "exclude"),
+            include=_patterns(include, "include", ignore_case), exclude=_patterns(exclude, "exclude", ignore_case),
             skip_ops=frozenset(skip_ops),
             columns_include={t: frozenset(x.casefold() for x in c) for t, c in (columns_include or {}).items()},
             columns_exclude={t: frozenset(x.casefold() for x in c) for t, c in (columns_exclude or {}).items()},
             masks={t: {c.casefold(): m for c, m in cols.items()} for t, cols in parsed_masks.items()},
-            salt=salt.encode(),
+            salt=salt.encode(), tables_ignore_case=ignore_case,
         )
 
     def table_allowed(self, db: str, table: str) -> bool:
@@ -133,17 +153,23 @@ class Rules:
         name = f"{db}.{table}"
         include: set[str] | None = None
         for pattern, cols in self.columns_include.items():
-            if fnmatch.fnmatchcase(name, pattern):
+            if self._glob_matches(name, pattern):
                 include = (include or set()) | cols
         exclude: set[str] = set()
         for pattern, cols in self.columns_exclude.items():
-            if fnmatch.fnmatchcase(name, pattern):
+            if self._glob_matches(name, pattern):
                 exclude |= cols
         masks: dict[str, Mask] = {}
         for pattern, table_masks in self.masks.items():
-            if fnmatch.fnmatchcase(name, pattern):
+            if self._glob_matches(name, pattern):
                 masks.update(table_masks)
         return TableRules(frozenset(include) if include is not None else None, frozenset(exclude), masks)
+
+    def _glob_matches(self, name: str, pattern: str) -> bool:
+        # Both sides folded: the keys keep their spelling, so `Shop.*` and `shop.*` still both apply.
+        if self.tables_ignore_case:
+            return fnmatch.fnmatchcase(name.casefold(), pattern.casefold())
+        return fnmatch.fnmatchcase(name, pattern)
 
     def apply(self, env: dict[str, Any], table_rules: TableRules) -> dict[str, Any] | None:
         """The event to forward (reshaped when the table has column rules or masks), or None."""

@@ -389,3 +389,33 @@ def test_masks_match_columns_as_mysql_does_and_typos_are_reported(mariadb, datab
     wait_until(lambda: '"sink.rule_names_missing_column"' in sink.output, 10, "the warning about the typo")
     line = next(x for x in sink.output.splitlines() if "rule_names_missing_column" in x)
     assert '"emial"' in line and f"{database}.t" in line
+
+
+@pytest.mark.timeout(120)
+def test_rules_spelled_as_the_sql_does_match_a_lower_case_table_names_source(
+        mariadb_factory, parser_factory, sink_factory, nats_url):
+    """On a server with lower_case_table_names=1 the binlog names `Shop.Orders` as `shop.orders`; rules
+    written the way the application's SQL spells the names (the sink's default setting) still apply."""
+    server = mariadb_factory(extra_args=["--lower-case-table-names=1"])
+    assert server.query("SELECT @@lower_case_table_names") == [(1,)]
+    parser_factory(BINLAKE_SOURCE_URL=server.dsn())
+    sink_factory("lctn", BINLAKE_INCLUDE=r"Shop\.Orders", BINLAKE_COLUMNS_EXCLUDE=json.dumps({"SHOP.*": ["NOTES"]}),
+                 BINLAKE_MASKS=json.dumps({"Shop.Orders": {"EMAIL": "replace:x"}}), BINLAKE_MASK_SALT=SALT_1)
+    server.execute("CREATE DATABASE Shop CHARACTER SET utf8mb4",
+                   "CREATE TABLE Shop.Orders (id INT PRIMARY KEY, EMAIL VARCHAR(60), Notes TEXT)",
+                   "CREATE TABLE Shop.Other (id INT PRIMARY KEY, EMAIL VARCHAR(60))",
+                   f"INSERT INTO Shop.Orders VALUES (1, '{EMAIL_1}', '{NOTES[0]}')",
+                   f"INSERT INTO Shop.Other VALUES (1, '{EMAIL_2}')",
+                   f"UPDATE Shop.Orders SET EMAIL = '{EMAIL_3}' WHERE id = 1")
+    wait_until(lambda: count_rows(read_stream_sync(nats_url, RAW), "shop") >= 3, 60, "3 raw rows")
+    raw = raw_messages(nats_url, RAW)
+    assert {(m.env["db"], m.env["table"]) for m in raw if m.env["op"] == "i"} == {("shop", "orders"),
+                                                                                   ("shop", "other")}
+    wait_until(lambda: any(m.env["op"] == "u" for m in raw_messages(nats_url, CDC)), 30, "the update in BINLAKE_CDC")
+    time.sleep(1.5)  # anything filtered that leaked through shows up now
+    cdc = raw_messages(nats_url, CDC)
+    rows = [(m.env["table"], m.env["op"], m.env["rows"]) for m in cdc if m.env["op"] in ("i", "u", "d")]
+    assert rows == [("orders", "i", [{"after": {"id": 1, "EMAIL": "x"}}]),
+                    ("orders", "u", [{"before": {"id": 1, "EMAIL": "x"}, "after": {"id": 1, "EMAIL": "x"}}])]
+    assert {s for _, s in leaked(raw, [EMAIL_1, EMAIL_2, EMAIL_3, NOTES[0]])} == {EMAIL_1, EMAIL_2, EMAIL_3, NOTES[0]}
+    assert leaked(cdc, [EMAIL_1, EMAIL_2, EMAIL_3, NOTES[0]]) == []

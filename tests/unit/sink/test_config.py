@@ -158,3 +158,20 @@ def test_bad_toml_and_missing_file(toml, tmp_path):
 def test_masks_with_a_string_table_entry_is_a_config_error():
     with pytest.raises(ConfigError):
         SinkConfig.from_env({"BINLAKE_MASKS": '{"shop.users": "hash"}', "BINLAKE_MASK_SALT": "s"})
+
+
+def test_lower_case_table_names_from_env_and_toml(toml):
+    assert SinkConfig.from_env({}).lower_case_table_names == 1
+    assert SinkConfig.from_env({}).rules().table_allowed("any", "table")
+    sensitive = SinkConfig.from_env({"BINLAKE_LOWER_CASE_TABLE_NAMES": "0", "BINLAKE_INCLUDE": r"Shop\.Orders"})
+    assert sensitive.lower_case_table_names == 0
+    assert sensitive.rules().table_allowed("Shop", "Orders") and not sensitive.rules().table_allowed("shop", "orders")
+    path = toml("[sink]\nlower_case_table_names = 2\ninclude = ['Shop\\.Orders']\n")
+    cfg = SinkConfig.from_env({"BINLAKE_CONFIG": path})
+    assert cfg.lower_case_table_names == 2 and cfg.rules().table_allowed("shop", "orders")
+
+
+@pytest.mark.parametrize("value", ["3", "-1", "yes", "1.5", ""])
+def test_bad_lower_case_table_names_fails_at_load_time(value):
+    with pytest.raises(ConfigError, match="BINLAKE_LOWER_CASE_TABLE_NAMES"):
+        SinkConfig.from_env({"BINLAKE_LOWER_CASE_TABLE_NAMES": value})

@@ -106,8 +106,8 @@ def test_table_filters(include, exclude, name, allowed):
     assert rules.table_allowed(db, table) is allowed
 
 
-def test_filters_are_case_sensitive_regexes():
-    rules = Rules.build(include=[r"shop\.(users|orders)"])
+def test_filters_are_full_match_regexes_case_sensitive_when_the_source_is():
+    rules = Rules.build(include=[r"shop\.(users|orders)"], lower_case_table_names=0)
     assert rules.table_allowed("shop", "users")
     assert rules.table_allowed("shop", "orders")
     assert not rules.table_allowed("shop", "Users")
@@ -518,3 +518,91 @@ def test_rules_naming_columns_a_table_lacks_are_reported() -> None:
     names = [c["name"] for c in USERS_SCHEMA["columns"]]  # type: ignore[index]
     assert rules.for_table("shop", "users").missing(names) == ["emial", "nope"]
     assert Rules.build().for_table("shop", "users").missing(names) == []
+
+
+# --- database and table names per the source's lower_case_table_names ----------------------------
+# 0: stored as given, compared by case; 1: stored in lower case (the binlog says `shop.orders` for
+# a table created as `Shop.Orders`); 2: stored as given, compared in lower case.
+
+BINLOG_NAMES = {0: ("Shop", "Orders"), 1: ("shop", "orders"), 2: ("Shop", "Orders")}
+
+
+@pytest.mark.parametrize(("lctn", "db", "table", "matches"), [
+    (0, "Shop", "Orders", True),
+    (0, "shop", "orders", False),
+    (0, "SHOP", "ORDERS", False),
+    (1, "shop", "orders", True),
+    (1, "Shop", "Orders", True),
+    (2, "Shop", "Orders", True),
+    (2, "shop", "orders", True),
+    (2, "SHOP", "orders", True),
+])
+def test_table_filters_follow_lower_case_table_names(lctn, db, table, matches):
+    include = Rules.build(include=[r"Shop\.Orders"], lower_case_table_names=lctn)
+    assert include.table_allowed(db, table) is matches
+    exclude = Rules.build(exclude=[r"Shop\.Ord.*, other\.x"], lower_case_table_names=lctn)
+    assert exclude.table_allowed(db, table) is not matches
+    # a lower-case rule, the other way round
+    lower = Rules.build(include=[r"shop\.orders"], lower_case_table_names=lctn)
+    assert lower.table_allowed(db, table) is (lctn != 0 or (db, table) == ("shop", "orders"))
+
+
+@pytest.mark.parametrize("lctn", [1, 2])
+def test_case_insensitive_filters_still_match_whole_names_only(lctn):
+    rules = Rules.build(include=[r"Shop\.Orders"], exclude=[r"SHOP\.ORDERS_OLD"], lower_case_table_names=lctn)
+    assert not rules.table_allowed("shop", "orders_2")
+    assert not rules.table_allowed("xshop", "orders")
+    assert not Rules.build(include=[r"Shop\.Orders", r"shop\.orders_old"], exclude=[r"SHOP\.ORDERS_OLD"],
+                           lower_case_table_names=lctn).table_allowed("shop", "orders_old")
+
+
+@pytest.mark.parametrize("lctn", [0, 1, 2])
+def test_masks_and_column_rules_keyed_by_db_table_follow_lower_case_table_names(lctn):
+    rules = Rules.build(masks={"Shop.Orders": {"EMAIL": "replace:x"}}, columns_exclude={"SHOP.*": ["Notes"]},
+                        columns_include={"shop.ord?rs": ["Name", "email", "notes"]}, salt=SALT,
+                        lower_case_table_names=lctn)
+    for db, table in {("shop", "orders"), ("Shop", "Orders"), BINLOG_NAMES[lctn]}:
+        found = rules.for_table(db, table)
+        folded = lctn != 0
+        assert (set(found.masks) == {"email"}) is (folded or (db, table) == ("Shop", "Orders"))
+        assert (found.exclude == frozenset({"notes"})) is folded
+        assert (found.include == frozenset({"name", "email", "notes"})) is (folded or (db, table) == ("shop", "orders"))
+    assert not rules.for_table("crm", "orders").rewrites
+
+
+@pytest.mark.parametrize("lctn", [1, 2])
+def test_a_mask_written_as_the_sql_spells_the_table_masks_the_binlog_rows(lctn):
+    rules = Rules.build(masks={"Shop.Users": {"EMAIL": "hash"}}, salt=SALT, lower_case_table_names=lctn)
+    db, table = ("shop", "users") if lctn == 1 else ("Shop", "Users")
+    env = envelope(db=db, table=table)
+    out = shape(rules, env, rules.for_table(db, table))
+    assert out["rows"][0]["after"]["email"] == sha("alice@example.com")
+    assert b"alice@example.com" not in repr(out).encode()
+    assert columns(out)["email"]["masked"] == "hash"
+
+
+def test_on_a_case_sensitive_source_a_mask_only_masks_its_own_table():
+    rules = Rules.build(masks={"Shop.Users": {"email": "hash"}}, salt=SALT, lower_case_table_names=0)
+    assert rules.for_table("Shop", "Users").masks
+    other = rules.for_table("shop", "users")  # another table on such a server
+    assert not other.rewrites
+    assert rules.apply(envelope(), other)["rows"][0]["after"]["email"] == "alice@example.com"  # type: ignore[index]
+
+
+def test_keys_differing_only_in_case_both_apply_when_names_ignore_case():
+    rules = Rules.build(masks={"shop.*": {"email": "hash", "ssn": "hash"}, "SHOP.users": {"ssn": "replace:x"}},
+                        salt=SALT, lower_case_table_names=1)
+    masks = rules.for_table("shop", "users").masks
+    assert masks["email"] == Mask("hash") and masks["ssn"] == Mask("replace", "x")
+
+
+def test_names_ignore_case_by_default():
+    rules = Rules.build(include=[r"Shop\..*"], masks={"SHOP.USERS": {"email": "hash"}}, salt=SALT)
+    assert rules.tables_ignore_case
+    assert rules.table_allowed("shop", "users") and set(rules.for_table("shop", "users").masks) == {"email"}
+
+
+@pytest.mark.parametrize("bad", [3, -1, True, "1"])
+def test_lower_case_table_names_must_be_a_server_value(bad):
+    with pytest.raises(ConfigError, match="BINLAKE_LOWER_CASE_TABLE_NAMES"):
+        Rules.build(lower_case_table_names=bad)
