@@ -679,7 +679,7 @@ def _modify(toks: list[Token], change: bool, mariadb: bool) -> list[Op]:
     return _column_op(op, _column(new, toks[j + 1 + change :], mariadb), mariadb)
 
 
-def _spec(spec: str, table: tuple[str, str], db: str, mariadb: bool) -> list[Op]:
+def _spec(spec: str, table: tuple[str, str], db: str, mariadb: bool, lower_names: bool) -> list[Op]:
     """The ops of one ALTER TABLE spec (`ADD COLUMN ...`, `DROP x`, `RENAME TO t2`, ...)."""
     toks = ddl.tokens(spec)
     toks += [Token("", "")] * (4 - min(len(toks), 4))  # so that short specs index safely
@@ -693,24 +693,26 @@ def _spec(spec: str, table: tuple[str, str], db: str, mariadb: bool) -> list[Op]
     if head == "RENAME" and toks[1].word == "COLUMN":
         j = _if(toks, 2, "IF", "EXISTS")
         return [{"op": "rename", "old": _name(_at(toks, j)), "new": _name(_at(toks, j + 2))}]
-    target = ddl.rename_target(spec, db) if head == "RENAME" else None
+    target = ddl.rename_target(spec, db, lower_names=lower_names) if head == "RENAME" else None
     return [{"op": "rename_table", "from": list(table), "to": list(target)}] if target else []
 
 
-def describe(sql: str, db: str, *, mariadb: bool = True) -> Alter:
+def describe(sql: str, db: str, *, mariadb: bool = True, lower_names: bool = False) -> Alter:
     """The structured change of one DDL statement; `db` is the session's database for unqualified names.
 
     :param mariadb: the source's flavour (MariaDB's JSON is LONGTEXT; it truncates extra fractional
         digits where MySQL rounds them)
+    :param lower_names: the source runs with lower_case_table_names=1: renames name tables in lower
+        case, as the server stores them (`ddl.stored_name`); column names keep their spelling
     """
-    stmt = ddl.parse(sql, db)
+    stmt = ddl.parse(sql, db, lower_names=lower_names)
     out: Alter = {"kind": _KINDS.get(stmt.kind, "other"), "ops": [], "columns": None, "pk": None, "renames": []}
     if stmt.kind == "create":
         out["columns"], out["pk"] = _create(stmt.rest, mariadb)
     elif stmt.kind == "alter":
         table = stmt.tables[0]
         for spec in ddl.split_top_level(stmt.rest):
-            for op in _spec(spec, table, db, mariadb):
+            for op in _spec(spec, table, db, mariadb, lower_names):
                 out["ops"].append(op)
                 if op["op"] == "rename_table":
                     out["renames"].append([*op["from"], *op["to"]])

@@ -21,7 +21,7 @@ from shared.mysql import TLS_CIPHER_SQL, MysqlUrl, binlog_status_sql, map_mysql_
 _VARIABLES = (
     "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "log_bin_compress",
     "binlog_transaction_compression", "binlog_row_value_options", "gtid_mode", "server_id", "version",
-    "gtid_binlog_pos",
+    "gtid_binlog_pos", "lower_case_table_names",
 )
 
 
@@ -32,6 +32,9 @@ class SourceInfo:
     current: Resume
     earliest: Resume
     binlogs: tuple[str, ...]
+    # @@lower_case_table_names: with 1 the server stores (and the binlog's TableMaps carry)
+    # database and table names in lower case, however a statement spells them.
+    lower_case_table_names: int = 0
 
 
 def check_settings(v: Mapping[str, str]) -> None:
@@ -122,4 +125,5 @@ async def inspect_source(dsn: MysqlUrl) -> SourceInfo:
         current=Resume(str(status[0][0]), int(status[0][1]), gtid or None),
         earliest=Resume(str(logs[0][0]), 4, None),
         binlogs=tuple(str(r[0]) for r in logs),
+        lower_case_table_names=int(variables.get("lower_case_table_names") or 0),
     )

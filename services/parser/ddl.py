@@ -108,28 +108,40 @@ def unquote(name: str) -> str:
     return name[1:-1].replace("``", "`") if name.startswith("`") else name
 
 
-def _split_name(qname: str, default_db: str) -> tuple[str, str]:
+def stored_name(name: str, lower_names: bool) -> str:
+    """A database or table name as the server stores it and its TableMaps carry it.
+
+    :param lower_names: the source runs with lower_case_table_names=1, which stores names in
+        lower case however a statement (or `USE`) spells them
+    """
+    return name.lower() if lower_names else name
+
+
+def _split_name(qname: str, default_db: str, lower_names: bool) -> tuple[str, str]:
     parts = re.findall(_NAME, qname)
-    if len(parts) == 2:
-        return unquote(parts[0]), unquote(parts[1])
-    return default_db, unquote(parts[0])
+    db, table = (unquote(parts[0]), unquote(parts[1])) if len(parts) == 2 else (default_db, unquote(parts[0]))
+    return stored_name(db, lower_names), stored_name(table, lower_names)
 
 
-def rename_target(spec: str, default_db: str) -> tuple[str, str] | None:
+def rename_target(spec: str, default_db: str, *, lower_names: bool = False) -> tuple[str, str] | None:
     """The new name an ALTER TABLE `RENAME [TO|AS] x` spec gives, else None (RENAME COLUMN/INDEX too)."""
     m = _ALTER_RENAME.match(spec)
     if m is None or _ALTER_RENAME_COLUMN.match(spec):
         return None
     # An unqualified new name resolves against the session's database.
-    return _split_name(m.group(1), default_db)
+    return _split_name(m.group(1), default_db, lower_names)
 
 
 def _name_list(text: str) -> list[str]:
     return re.findall(_QNAME, text)
 
 
-def parse(sql: str, default_db: str) -> Statement:
-    """Classify a statement and name the tables it touches (`default_db` for unqualified names)."""
+def parse(sql: str, default_db: str, *, lower_names: bool = False) -> Statement:
+    """Classify a statement and name the tables it touches (`default_db` for unqualified names).
+
+    :param lower_names: name them as a lower_case_table_names=1 server stores them (`stored_name`),
+        so a DDL names its table the way that table's rows do
+    """
     text = strip_comments(sql)
     if _TXN.match(text):
         return Statement("txn", ())
@@ -137,19 +149,21 @@ def parse(sql: str, default_db: str) -> Statement:
         return Statement("dml", ())
     m = _DROP.match(text)
     if m:
-        return Statement("drop", tuple(_split_name(n, default_db) for n in _name_list(m.group(1))))
+        return Statement("drop", tuple(_split_name(n, default_db, lower_names) for n in _name_list(m.group(1))))
     m = _RENAME.match(text)
     if m:
         names: list[tuple[str, str]] = []
         for pair in split_top_level(m.group(1)):
-            names.extend(_split_name(n, default_db) for n in re.findall(rf"{_QNAME}(?=\s+TO\s+|\s*$)", pair, re.I))
+            names.extend(_split_name(n, default_db, lower_names)
+                         for n in re.findall(rf"{_QNAME}(?=\s+TO\s+|\s*$)", pair, re.I))
         return Statement("rename", tuple(names))
     for kind, pattern in _PATTERNS:
         m = pattern.match(text)
         if m:
-            tables = [_split_name(m.group(1), default_db)]
+            tables = [_split_name(m.group(1), default_db, lower_names)]
             rest = text[m.end():]
             if kind == "alter":
-                tables.extend(t for item in split_top_level(rest) if (t := rename_target(item, default_db)))
+                tables.extend(t for item in split_top_level(rest)
+                              if (t := rename_target(item, default_db, lower_names=lower_names)))
             return Statement(kind, tuple(tables), rest if kind in ("create", "alter") else "")
     return Statement("other", ())

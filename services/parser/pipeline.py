@@ -61,7 +61,7 @@ class Pipeline:
         self.runs.inc()
         cfg = self.cfg
         info = await inspect_source(self.dsn)
-        await jetstream.ensure_streams(self.js, self.names, cfg.partitions, cfg.replicas)
+        await jetstream.ensure_streams(self.js, self.names, cfg.partitions, cfg.replicas, streams=("raw",))
         tail = await read_tail(self.js, self.names, cfg.source)
         saved = None if tail else await saved_position(self.cursors, cfg.source)
         start = tail.resume if tail else saved or (info.current if cfg.start == "current" else info.earliest)
@@ -71,10 +71,12 @@ class Pipeline:
                                f"source (oldest is {info.binlogs[0]}); the changes in between are lost to binlake: "
                                "take a new snapshot and reset the parser")
         asm = Assembler(cfg.source, self.names, start, max_payload=self.nc.max_payload,
-                        skip=tail.skip if tail else None, mariadb=info.mariadb, ignore=frozenset({cfg.watermark}))
+                        skip=tail.skip if tail else None, mariadb=info.mariadb, ignore=frozenset({cfg.watermark}),
+                        lower_names=info.lower_case_table_names == 1)
         publisher = Publisher(self.js, tail.last_id if tail else None, self._acked, ack_timeout_s=cfg.ack_timeout_s)
         self.log.info("pipeline.start", origin=origin, resume_file=start.file, resume_offset=start.offset,
                       resume_gtid=start.gtid, skip=tail.skip if tail else None, server=info.version,
+                      lower_case_table_names=info.lower_case_table_names,
                       fresh=tail is None)
         if tail is None:
             # Persist the starting point before reading, so a crash cannot move it forward.

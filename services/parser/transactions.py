@@ -94,6 +94,9 @@ class Assembler:
     skip: SkipMark | None = None
     mariadb: bool = True
     ignore: frozenset[tuple[str, str]] = frozenset()  # binlake's own tables in the source (watermarks)
+    # The source runs with lower_case_table_names=1: a DDL names its tables in lower case, the way
+    # the server stores them and the rows' TableMaps carry them, however the statement spells them.
+    lower_names: bool = False
     _txn: _Txn | None = field(default=None, init=False)
     _gtids: dict[int, str] = field(default_factory=dict, init=False)
     _boundary: Resume = field(init=False)
@@ -102,6 +105,8 @@ class Assembler:
     def __post_init__(self) -> None:
         self._gtids = parse_gtid_state(self.start.gtid)
         self._boundary = self.start
+        self.ignore = frozenset((ddl.stored_name(d, self.lower_names), ddl.stored_name(t, self.lower_names))
+                                for d, t in self.ignore)
 
     @property
     def boundary(self) -> Resume:
@@ -128,8 +133,12 @@ class Assembler:
         return out
 
     def query(self, sql: str, db: str, file: str, start: int, end: int, ts: int) -> list[Outgoing]:
-        """A QUERY event; `sql` is already redacted (`redact.redact`), it is published as given."""
-        stmt = ddl.parse(sql, db)
+        """A QUERY event; `sql` is already redacted (`redact.redact`), it is published as given.
+
+        `db` is the session's database; its DDL's `db` and `table` are named as the server stores them.
+        """
+        db = ddl.stored_name(db, self.lower_names)
+        stmt = ddl.parse(sql, db, lower_names=self.lower_names)
         if stmt.kind == "txn":
             words = ddl.strip_comments(sql).upper().split()
             word = words[0]
@@ -158,7 +167,7 @@ class Assembler:
         named = list(dict.fromkeys(stmt.tables))
         # DDL of binlake's own tables (the watermarks) is not published; DDL naming no table is.
         targets = [t for t in named if t not in self.ignore] if named else [(db, "")]
-        change = alter.describe(sql, db, mariadb=self.mariadb)
+        change = alter.describe(sql, db, mariadb=self.mariadb, lower_names=self.lower_names)
         for idx, (tdb, table) in enumerate(targets):
             env = self._env("ddl", tdb, table or None, file, start, scn, ts, idx)
             env["ddl"] = sql

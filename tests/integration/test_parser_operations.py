@@ -904,6 +904,46 @@ def test_ddl_without_a_table_and_multi_table_drop(
     assert creates == {t: NAMES.raw_stored(SOURCE, database, t, PARTITIONS) for t in ("a", "b", "c.d")}
 
 
+@pytest.mark.timeout(120)
+def test_lower_case_table_names_keeps_a_tables_ddl_with_its_rows(
+        mariadb_factory: Callable[..., MariaDB], parser_factory: ParserFactory, nats_url: str) -> None:
+    """lower_case_table_names=1 stores `Shop.Orders` as `shop.orders` and the rows' TableMaps say so: the
+    table's DDL, however the SQL (or USE) spells it, is published with its rows, in order."""
+    server: MariaDB = mariadb_factory(extra_args=["--lower-case-table-names=1"])
+    assert server.query("SELECT @@lower_case_table_names") == [(1,)]
+    start_parser(parser_factory, nats_url, BINLAKE_SOURCE_URL=server.dsn())
+    server.execute("CREATE DATABASE Shop CHARACTER SET utf8mb4",
+                   "CREATE TABLE Shop.Orders (id INT PRIMARY KEY)",
+                   "INSERT INTO Shop.Orders VALUES (1)",
+                   "ALTER TABLE Shop.ORDERS ADD COLUMN x INT",
+                   "INSERT INTO Shop.Orders VALUES (2, 20)",
+                   "USE Shop",
+                   "ALTER TABLE Orders ADD COLUMN y INT",
+                   "INSERT INTO oRDERS VALUES (3, 30, 300)",
+                   "RENAME TABLE Orders TO Old_Orders",
+                   "INSERT INTO Shop.OLD_ORDERS VALUES (4, 40, 400)")
+    subject = NAMES.raw_stored(SOURCE, "shop", "orders", PARTITIONS)
+
+    def changes() -> list[StoredMsg] | None:
+        msgs = [m for m in read_all(nats_url) if m.env["op"] != "hb"]
+        return msgs if sum(m.env["op"] == "i" for m in msgs) >= 4 else None
+
+    msgs = wait_until(changes, 60, "the four inserts")
+    assert all(m.env["db"] in ("shop", None) for m in msgs), [(m.env["db"], m.env["table"]) for m in msgs]
+    orders = [m for m in msgs if m.env["table"] == "orders"]
+    assert [(m.subject, m.env["db"], m.env["op"]) for m in orders] == [(subject, "shop", op) for op in
+                                                                       ("ddl", "i", "ddl", "i", "ddl", "i", "ddl")]
+    assert [m.env["ddl"] for m in orders if m.env["op"] == "ddl"] == [
+        "CREATE TABLE Shop.Orders (id INT PRIMARY KEY)", "ALTER TABLE Shop.ORDERS ADD COLUMN x INT",
+        "ALTER TABLE Orders ADD COLUMN y INT", "RENAME TABLE Orders TO Old_Orders"]
+    assert [m.env["rows"][0]["after"] for m in orders if m.env["op"] == "i"] == [
+        {"id": 1}, {"id": 2, "x": 20}, {"id": 3, "x": 30, "y": 300}]
+    assert orders[-1].env["alter"]["renames"] == [["shop", "orders", "shop", "old_orders"]]
+    old = [(m.subject, m.env["op"]) for m in msgs if m.env["table"] == "old_orders"]
+    assert old == [(NAMES.raw_stored(SOURCE, "shop", "old_orders", PARTITIONS), op) for op in ("ddl", "i")]
+    assert {m.env["table"] for m in msgs} == {"orders", "old_orders", None}
+
+
 @pytest.mark.timeout(300)
 def test_a_hung_source_turns_unhealthy_and_the_standby_takes_over(
         mariadb_factory: Callable[..., MariaDB], parser_factory: ParserFactory, nats_url: str) -> None:

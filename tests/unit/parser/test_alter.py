@@ -172,6 +172,17 @@ def test_rename_table(sql, renames):
     assert out == {"kind": "rename", "ops": ops, "columns": None, "pk": None, "renames": renames}
 
 
+def test_lower_case_table_names_renames_name_tables_as_stored_and_columns_as_written():
+    out = describe("ALTER TABLE Shop.Orders RENAME COLUMN Note TO Memo, RENAME TO Old_Orders", "Sess",
+                   lower_names=True)
+    assert out["ops"] == [{"op": "rename", "old": "Note", "new": "Memo"},
+                          {"op": "rename_table", "from": ["shop", "orders"], "to": ["sess", "old_orders"]}]
+    assert out["renames"] == [["shop", "orders", "sess", "old_orders"]]
+    out = describe("RENAME TABLE Shop.A TO B", "Sess", lower_names=True)
+    assert out["renames"] == [["shop", "a", "sess", "b"]]
+    assert describe("CREATE TABLE Shop.T (Id INT PRIMARY KEY)", "s", lower_names=True)["pk"] == ["Id"]
+
+
 # -- CREATE TABLE ------------------------------------------------------------------------------
 
 

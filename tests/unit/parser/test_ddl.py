@@ -116,3 +116,28 @@ def test_alter_rename_column_and_table_together():
     assert parse("ALTER TABLE t RENAME COLUMN a TO b, RENAME TO t2", "s") == Statement(
         "alter", (("s", "t"), ("s", "t2"))
     )
+
+
+@pytest.mark.parametrize(
+    ("sql", "kind", "tables"),
+    [
+        ("CREATE TABLE Shop.Orders (Id INT PRIMARY KEY)", "create", [("shop", "orders")]),
+        ("ALTER TABLE `Shop`.ORDERS ADD COLUMN X INT", "alter", [("shop", "orders")]),
+        ("ALTER TABLE Orders RENAME TO Archive.Old_Orders", "alter", [("sess", "orders"), ("archive", "old_orders")]),
+        ("DROP TABLE IF EXISTS A, `Other`.`B`", "drop", [("sess", "a"), ("other", "b")]),
+        ("RENAME TABLE Shop.A TO Shop.B, C TO `D`", "rename",
+         [("shop", "a"), ("shop", "b"), ("sess", "c"), ("sess", "d")]),
+        ("TRUNCATE TABLE Shop.Orders", "truncate", [("shop", "orders")]),
+        ("CREATE INDEX Ix ON Shop.Orders (X)", "index", [("shop", "orders")]),
+        ("CREATE TABLE `\u00dcber`.`T\u00c4BLE` (a INT)", "create", [("\u00fcber", "t\u00e4ble")]),
+    ],
+)
+def test_lower_case_table_names_names_tables_as_stored(sql, kind, tables):
+    """With lower_case_table_names=1 the server stores names (and the session's database) in lower case."""
+    assert parse(sql, "Sess", lower_names=True) == Statement(kind, tuple(tables))
+
+
+def test_names_keep_their_case_by_default():
+    assert parse("ALTER TABLE Shop.Orders RENAME TO Old", "Sess") == Statement(
+        "alter", (("Shop", "Orders"), ("Sess", "Old"))
+    )

@@ -220,6 +220,32 @@ def test_ddl_naming_no_table_goes_to_the_ddl_subject():
     assert msg.headers["Binlake-Table"] == ""
 
 
+def test_lower_case_table_names_puts_ddl_on_the_subject_of_its_rows():
+    """lower_case_table_names=1: the TableMaps name `shop.orders` however the SQL (or USE) spells it."""
+    a = asm(lower_names=True, ignore=frozenset({("Binlake", "Watermarks")}))
+    out = a.query("CREATE TABLE Shop.Orders (id INT PRIMARY KEY, note TEXT)", "Other", F, 100, 200, TS)
+    out += a.query("ALTER TABLE ORDERS ADD COLUMN x INT, RENAME TO Old", "Shop", F, 200, 300, TS)
+    out += a.query("CREATE DATABASE D2", "Shop", F, 300, 400, TS)
+    out += a.query("CREATE TABLE binlake.WATERMARKS (id INT)", "Shop", F, 400, 500, TS)
+    a.gtid("0-1-6", 0, False, F, 500)
+    out += a.rows("i", T, rows(1), F, 600, TS)
+    out += a.commit(F, 700)
+    envs = [env(m) for m in out]
+    assert [(e["op"], e["db"], e["table"]) for e in envs] == [
+        ("ddl", "shop", "orders"), ("ddl", "shop", "orders"), ("ddl", "shop", "old"), ("ddl", "shop", None),
+        ("i", "shop", "orders")]
+    assert [m.subject for m in out] == ["binlake.raw.src.shop.orders"] * 2 + [
+        "binlake.raw.src.shop.old", "binlake.raw.src.$binlake.ddl", "binlake.raw.src.shop.orders"]
+    assert envs[0]["ddl"] == "CREATE TABLE Shop.Orders (id INT PRIMARY KEY, note TEXT)"  # the text as written
+    assert envs[1]["alter"]["renames"] == [["shop", "orders", "shop", "old"]]
+
+
+def test_names_keep_their_case_without_lower_case_table_names():
+    (msg,) = asm().query("CREATE TABLE Shop.Orders (id INT)", "Other", F, 100, 200, TS)
+    assert msg.subject == "binlake.raw.src.Shop.Orders"
+    assert (env(msg)["db"], env(msg)["table"]) == ("Shop", "Orders")
+
+
 def test_ddl_without_gtid_is_its_own_transaction():
     a = asm(start=Resume(F, 4), mariadb=False)
     (msg,) = a.query("TRUNCATE t", "shop", F, 140, 260, TS)
