@@ -11,6 +11,8 @@ key token (`[A-Za-z0-9_-]+`, checked by the configuration); any other name goes 
 | leases | `loader.<source>.<client>` | the loader holding the lease |
 | members | `sink.<source>.<instance>` | each live sink worker |
 | cursors | `parser.<source>` | the parser's acked position |
+| cursors | `parser.<source>.schema` | the parser's schema recorder: the last BINLAKE_RAW sequence it recorded |
+| cursors | `meta.schema.<source>` | nobody now: where meta recorded schemas until the parser took over (read once) |
 | cursors | `sink.<source>.p<partition>` | the sink worker owning that partition |
 | cursors | `client.<source>.<client>` | the store, for a batch-protocol client (or meta's MySQL backend) |
 | cursors | `snapshot.<source>.table.<db>.<table>`, `snapshot.<source>.request.<id>` | snapshots |
@@ -66,6 +68,20 @@ def member(source: str, instance: str) -> str:
 
 def parser_cursor(source: str) -> str:
     return f"parser.{source}"
+
+
+def schema_recorder(source: str) -> str:
+    """The last BINLAKE_RAW sequence whose schema or DDL the parser recorded in meta's history.
+
+    Below `parser.<source>`, never equal to it: a source has no dot, so no other source's
+    `parser_cursor` can be this key.
+    """
+    return f"{parser_cursor(source)}.schema"
+
+
+def legacy_schema_recorder(source: str) -> str:
+    """Meta's recorder cursor from before the parser recorded schemas (KV backend only); read, never written."""
+    return f"meta.schema.{source}"
 
 
 def partition_cursor(source: str, partition: int) -> str:

@@ -58,6 +58,12 @@ class MetaClient:
     async def schema_history(self, source: str, db: str, table: str) -> list[dict[str, Any]]:
         return list((await self._call("schema.history", {"source": source, "db": db, "table": table}))["records"])
 
+    async def add_schema(self, source: str, db: str, table: str, scn: int, *, schema: dict[str, Any] | None,
+                         ddl: str | None, ts: int) -> None:
+        """Record a table's schema or a DDL at position `scn` in the history (idempotent per table and scn)."""
+        await self._call("schema.add", {"source": source, "db": db, "table": table, "scn": scn, "schema": schema,
+                                        "ddl": ddl, "ts": ts})
+
     async def rewind(self, source: str, client: str, *, timestamp_ms: int | None = None,
                      position: str | None = None) -> dict[str, Any]:
         req: dict[str, Any] = {"source": source, "client": client}

@@ -1,4 +1,8 @@
-"""Composition root of meta: backend, request server, schema recorder, metrics."""
+"""Composition root of meta: backend, request server, metrics.
+
+Meta never reads BINLAKE_RAW (it holds every database unmasked): the parser records the schema
+history through the `schema.add` verb.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,10 @@ from services.meta.backend import MetaBackend
 from services.meta.config import MetaConfig
 from services.meta.kv_backend import KvBackend
 from services.meta.mysql_backend import MysqlBackend
-from services.meta.recorder import SchemaRecorder
 from services.meta.rewind import Rewinder
 from services.meta.server import MetaServer
 from shared import jetstream
-from shared.actor import run_all, supervise_call
+from shared.actor import run_all
 from shared.metrics import Registry
 from shared.service import runtime
 from shared.subjects import Names
@@ -31,20 +34,16 @@ async def main(cfg: MetaConfig) -> None:
                                 if cfg.backend == "kv" else MysqlBackend(cfg.meta_mysql_url))
         await backend.start()
         try:
-            await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas)
+            await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas, streams=("cdc",))  # rewind reads it
             meta = MetaServer(nc, cfg.prefix, backend, Rewinder(js, names, backend))
             await meta.start()
-            recorder = SchemaRecorder(js, names, cfg.source, backend)
-            recorded = registry.gauge("meta_schema_records", "Schema/DDL records written by this process")
             log.info("meta.start", backend=cfg.backend)
 
-            async def report() -> None:
-                while True:
-                    recorded.set(recorder.recorded)
-                    await asyncio.sleep(1)
+            async def forever() -> None:
+                await asyncio.Event().wait()  # the subscriptions answer; this only waits for a signal
 
             try:
-                await run_all([lambda: supervise_call(recorder.run, cfg.restart, recorder.log), report])
+                await run_all([forever])
             finally:
                 await meta.stop()
         finally:

@@ -1,4 +1,4 @@
-"""Meta's request handlers: cursors (monotonic compare-and-set), schema lookups, rewind.
+"""Meta's request handlers: cursors (monotonic compare-and-set), schema history, rewind.
 
 Subjects `<prefix>.meta.<verb>`, served in queue group `meta` so several meta processes
 can answer; all state is in the backend, none in memory.
@@ -11,7 +11,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 
-from services.meta.backend import Conflict, MetaBackend
+from services.meta.backend import Conflict, MetaBackend, SchemaRecord
 from services.meta.history import schema_at
 from services.meta.rewind import Rewinder
 from shared.rpc import BadRequest, RpcError, require, require_client, serve
@@ -29,8 +29,8 @@ class MetaServer:
     async def start(self) -> None:
         handlers = {
             "cursor.get": self.cursor_get, "cursor.put": self.cursor_put, "cursor.list": self.cursor_list,
-            "cursor.delete": self.cursor_delete, "schema.at": self.schema_at, "schema.history": self.schema_history,
-            "rewind": self.rewind,
+            "cursor.delete": self.cursor_delete, "schema.add": self.schema_add, "schema.at": self.schema_at,
+            "schema.history": self.schema_history, "rewind": self.rewind,
         }
         for verb, handler in handlers.items():
             self._subs.append(await serve(self._nc, Names(self._prefix).meta_rpc(verb), handler, queue="meta"))
@@ -70,6 +70,12 @@ class MetaServer:
         await self._backend.delete(require(req, "key", str))
         return {}
 
+    async def schema_add(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Record a table's schema or a DDL at its position; the parser's recorder sends them
+        (meta itself never reads BINLAKE_RAW). Recording the same table and scn again is fine."""
+        await self._backend.add_schema(_schema_record(req))
+        return {}
+
     async def schema_at(self, req: dict[str, Any]) -> dict[str, Any]:
         records = await self._backend.schemas(require(req, "source", str), require(req, "db", str),
                                               require(req, "table", str))
@@ -87,6 +93,24 @@ class MetaServer:
         if "timestamp" in req:
             return await self._rewinder.to_timestamp(source, client, require(req, "timestamp", int))
         return await self._rewinder.to_position(source, client, require(req, "position", str))
+
+
+def _schema_record(req: dict[str, Any]) -> SchemaRecord:
+    """The record a `schema.add` request describes, every field checked."""
+    source, db, table = require(req, "source", str), require(req, "db", str), require(req, "table", str)
+    if not source:
+        raise BadRequest("field 'source' must not be empty")
+    scn, ts = require(req, "scn", int), require(req, "ts", int)
+    if scn < 0 or ts < 0:
+        raise BadRequest(f"fields 'scn' and 'ts' must not be negative, got scn={scn} ts={ts}")
+    schema, ddl = req.get("schema"), req.get("ddl")
+    if schema is not None and not isinstance(schema, dict):
+        raise BadRequest(f"field 'schema' must be dict or nil, got {type(schema).__name__}")
+    if ddl is not None and not isinstance(ddl, str):
+        raise BadRequest(f"field 'ddl' must be str or nil, got {type(ddl).__name__}")
+    if schema is None and ddl is None:
+        raise BadRequest("give 'schema' (a table's columns) or 'ddl' (a statement), or both")
+    return SchemaRecord(source, db, table, scn, schema=schema, ddl=ddl, ts=ts)
 
 
 def _order(value: dict[str, Any], field: str) -> int:

@@ -1,24 +1,30 @@
-"""Composition root of the parser: lease, pipeline (binlog thread -> publisher), reporter.
+"""Composition root of the parser: lease, pipeline (binlog thread -> publisher), reporter, schema recorder.
 
 Only the lease holder runs the pipeline (`services/parser/pipeline.py`), supervised: it is
-restarted as a unit on transient errors.
+restarted as a unit on transient errors. The schema recorder (`schema_recorder.py`) runs beside
+it with a restart budget of its own that never runs out, so a meta that does not answer only
+delays the schema history, never the binlog.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import sys
 
 import structlog
 
 from services.parser.config import ParserConfig
 from services.parser.pipeline import Pipeline
 from services.parser.position import PositionReporter
+from services.parser.schema_recorder import SchemaRecorder
 from services.parser.source_watch import SourceWatch
 from services.parser.transactions import Outgoing
 from shared import jetstream, keys
 from shared.actor import Latest, run_all, supervise_call
 from shared.errors import LeaseLost
 from shared.lease import Lease, bucket_ttl
+from shared.meta_client import MetaClient
 from shared.metrics import Registry
 from shared.service import runtime
 from shared.subjects import Names
@@ -36,6 +42,8 @@ async def main(cfg: ParserConfig) -> None:
         leases = await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=cfg.lease_ttl_s, replicas=cfg.replicas)
         cursors = await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=cfg.replicas)
         lease = Lease(leases, keys.parser_lease(cfg.source), cfg.instance, await bucket_ttl(leases, cfg.lease_ttl_s))
+        recorder = SchemaRecorder(js, names, cfg.source, cursors, MetaClient(nc, cfg.prefix), registry)
+        recorder_restart = dataclasses.replace(cfg.restart, max_restarts=sys.maxsize)
 
         async def lead() -> None:
             while True:
@@ -49,6 +57,7 @@ async def main(cfg: ParserConfig) -> None:
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(lease.keep())
                         tg.create_task(supervise_call(pipeline.run, cfg.restart, pipeline.log))
+                        tg.create_task(supervise_call(recorder.run, recorder_restart, recorder.log))
                         tg.create_task(reporter.run())
                         tg.create_task(watch.watch())
                 except* LeaseLost as eg:

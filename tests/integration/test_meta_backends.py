@@ -2,13 +2,15 @@
 
 The same test functions run against `KvBackend` and `MysqlBackend` (the `backend` fixture),
 then against a real `python -m services.meta` with each backend: monotonic cursor
-compare-and-set through `MetaClient`, and schema history recorded from a real parser
-(CREATE / ADD / DROP / RENAME COLUMN with rows between), surviving kill -9.
+compare-and-set through `MetaClient`, `schema.add` and its refusals, and the schema history
+a real parser records through it (CREATE / ADD / DROP / RENAME COLUMN with rows between; meta
+itself never reads BINLAKE_RAW), surviving kill -9 of meta and of the parser.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -19,12 +21,15 @@ from typing import Any
 
 import msgpack
 import nats
+import nats.js.errors
 import pytest
+from nats.aio.client import Client as NATS
+from nats.js.kv import KeyValue
 
 from services.meta.backend import Conflict, CursorEntry, MetaBackend, SchemaRecord
 from services.meta.kv_backend import KvBackend
 from services.meta.mysql_backend import MysqlBackend
-from shared import meta_client
+from shared import keys, meta_client
 from shared.errors import NatsUnavailable
 from shared.meta_client import MetaClient
 from shared.rpc import RpcError
@@ -405,7 +410,7 @@ async def test_schema_history_through_the_pipeline_survives_kill_9(kind, request
     try:
         mc = MetaClient(nc, timeout_s=15)
         await meta_ready(mc, meta)
-        await asyncio.to_thread(parser_factory)
+        parser = await asyncio.to_thread(parser_factory)
         t = f"`{database}`.t"
         statements = [
             f"CREATE TABLE {t} (id INT PRIMARY KEY, a INT, b VARCHAR(10))",
@@ -432,7 +437,8 @@ async def test_schema_history_through_the_pipeline_survives_kill_9(kind, request
         assert [by_scn[e.env["scn"]] for e in events if e.env["op"] == "i"] == [
             ["id", "a", "b"], ["id", "a", "b"], ["id", "a", "b", "c"], ["id", "b", "c"], ["id", "name", "c"]]
 
-        # kill -9 while more changes arrive; the restarted meta records everything it missed
+        # kill -9 while more changes arrive: the parser goes on publishing, and its recorder
+        # records everything meta missed once meta answers again
         meta.kill()
         more = [
             f"INSERT INTO {t} VALUES (7, 'seven', NULL, 7)",
@@ -442,6 +448,7 @@ async def test_schema_history_through_the_pipeline_survives_kill_9(kind, request
         ]
         await asyncio.to_thread(mariadb.execute, *more)
         events = await wait_events(nats_url, database, "t", 16)
+        assert parser.running, parser.output[-3000:]
         meta.start()
         await meta_ready(mc, meta)
         ddls = [e.env["ddl"] for e in events if e.env["op"] == "ddl"]
@@ -479,11 +486,141 @@ async def test_schema_is_known_after_a_ddl_that_keeps_the_columns(mariadb, datab
                                 f"INSERT INTO {t} VALUES (2, 2)")
         events = await wait_events(nats_url, database, "t", 4)
         await wait_history(mc, database, "t", lambda rs: sum(1 for r in rs if r["ddl"]) == 2, "2 DDL records")
-        await asyncio.sleep(3)  # the recorder has long seen the last insert
+        await asyncio.sleep(3)  # the parser's recorder has long seen the last insert
         at = await mc.schema_at("main", database, "t", events[-1].env["scn"])
         assert names_of(at["schema"]) == ["id", "a"], at
     finally:
         await nc.close()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_schema_add_records_idempotently_and_refuses_malformed_requests(kind, request, service_factory,
+                                                                              nats_url):
+    meta = service_factory("services.meta", "meta", **meta_env(kind, request))
+    nc = await nats.connect(nats_url)
+    try:
+        mc = MetaClient(nc, timeout_s=10)
+        await meta_ready(mc, meta)
+        schema = {"id": "s1", "columns": [{"name": "id", "type": "int"}, {"name": "ü", "type": "varchar"}]}
+        for _ in range(2):  # recording the same table and scn again changes nothing
+            await mc.add_schema("main", "shop", "t", 100, schema=None, ddl="CREATE TABLE t (id INT, ü TEXT)", ts=1)
+            await mc.add_schema("main", "shop", "t", 200, schema=schema, ddl=None, ts=2)
+        history = await mc.schema_history("main", "shop", "t")
+        assert history == [
+            {"source": "main", "db": "shop", "table": "t", "scn": 100, "schema": None,
+             "ddl": "CREATE TABLE t (id INT, ü TEXT)", "ts": 1},
+            {"source": "main", "db": "shop", "table": "t", "scn": 200, "schema": schema, "ddl": None, "ts": 2}]
+        assert await schema_at(mc, "shop", "t", 250) == {"schema": schema, "scn": 200,
+                                                         "ddl": "CREATE TABLE t (id INT, ü TEXT)", "ddl_scn": 100}
+        good = {"source": "main", "db": "shop", "table": "t", "scn": 300, "schema": None, "ddl": "DROP TABLE t",
+                "ts": 3}
+        malformed: list[tuple[dict[str, Any], str]] = [
+            ({**good, "scn": "300"}, "field 'scn' must be int, got str"),
+            ({**good, "scn": True}, "field 'scn' must be int, got bool"),
+            ({**good, "ts": 3.5}, "field 'ts' must be int, got float"),
+            ({**good, "table": 5}, "field 'table' must be str, got int"),
+            ({**good, "schema": ["id"]}, "field 'schema' must be dict or nil, got list"),
+            ({**good, "ddl": {"sql": "DROP TABLE t"}}, "field 'ddl' must be str or nil, got dict"),
+            ({**good, "ddl": None}, "give 'schema' (a table's columns) or 'ddl' (a statement), or both"),
+            ({k: v for k, v in good.items() if k != "db"}, "missing field 'db'"),
+        ]
+        for req, message in malformed:
+            reply = _unpack((await nc.request("binlake.meta.schema.add", _pack(req), timeout=10)).data)
+            assert reply == {"ok": False, "code": "bad_request", "error": message}, (req, reply)
+        with pytest.raises(RpcError) as refused:
+            await mc.add_schema("main", "shop", "t", -1, schema=None, ddl="DROP TABLE t", ts=3)
+        assert refused.value.code == "bad_request" and "must not be negative" in str(refused.value)
+        assert await mc.schema_history("main", "shop", "t") == history  # nothing of it was recorded
+    finally:
+        await nc.close()
+
+
+def log_events(proc: ServiceProcess, event: str) -> list[dict[str, Any]]:
+    """The structlog JSON lines of a service whose `event` is `event`, in order."""
+    out = []
+    for line in proc.output.splitlines():
+        try:
+            rec = json.loads(line) if line.startswith("{") else None
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("event") == event:
+            out.append(rec)
+    return out
+
+
+async def cursors_kv(nc: NATS) -> KeyValue:
+    return await nc.jetstream().key_value("binlake_cursors")
+
+
+async def recorder_seq(nc: NATS) -> int | None:
+    """The last BINLAKE_RAW sequence the parser's recorder says it recorded (None: no cursor yet)."""
+    try:
+        entry = await (await cursors_kv(nc)).get(keys.schema_recorder("main"))
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    return int(json.loads(entry.value or b"{}")["seq"])
+
+
+@pytest.mark.timeout(240)
+async def test_the_parser_records_the_history_when_meta_answers_and_continues_after_kill_9(
+        mariadb, database, parser_factory, service_factory, nats_url):
+    nc = await nats.connect(nats_url)
+    try:
+        mc = MetaClient(nc, timeout_s=15)
+        # 1. No meta: the binlog flows into BINLAKE_RAW all the same; the recorder says why it waits.
+        parser = await asyncio.to_thread(parser_factory, log_name="parser1.log")
+        old, new = f"`{database}`.old", f"`{database}`.new"
+        await asyncio.to_thread(mariadb.execute, f"CREATE TABLE {old} (id INT PRIMARY KEY)",
+                                f"INSERT INTO {old} VALUES (1)", f"INSERT INTO {old} VALUES (2)")
+        before = await wait_events(nats_url, database, "old", 3)
+
+        async def waits_for_meta() -> bool:
+            return any(r.get("actor") == "schema-recorder" and "schema.add" in r.get("reason", "")
+                       for r in log_events(parser, "actor.restart"))
+
+        await wait_for(waits_for_meta, 30, "the recorder to wait for meta")
+        assert parser.running, parser.output[-3000:]
+        await asyncio.to_thread(parser.stop)
+
+        # 2. An upgrade: meta's own recorder had recorded up to here (its cursor is in the bucket
+        # with the KV backend); the parser's recorder starts after it.
+        kv = await cursors_kv(nc)
+        await kv.put(keys.legacy_schema_recorder("main"), json.dumps({"seq": before[-1].seq}).encode())
+        await kv.delete(keys.schema_recorder("main"))
+        meta = service_factory("services.meta", "meta")
+        await meta_ready(mc, meta)
+        parser = await asyncio.to_thread(parser_factory, log_name="parser2.log")
+        await asyncio.to_thread(mariadb.execute, f"CREATE TABLE {new} (id INT PRIMARY KEY, a INT)",
+                                f"INSERT INTO {new} VALUES (1, 1)")
+        events = await wait_events(nats_url, database, "new", 2)
+        await wait_history(mc, database, "new", lambda rs: [(bool(r["ddl"]), bool(r["schema"])) for r in rs] == [
+            (True, False), (False, True)], "the CREATE and the first schema of the new table")
+        await check_schema_at_every_event(mc, events, pending_at_end=False)
+        assert await mc.schema_history("main", database, "old") == [], "recorded before the old cursor"
+        assert log_events(parser, "schema.cursor_migrated")[0]["raw_seq"] == before[-1].seq
+        await wait_for(lambda: _at_least(recorder_seq(nc), events[-1].seq), 30, "the recorder's cursor")
+
+        # 3. kill -9 the parser: the next one records from the cursor on.
+        parser.kill()
+        await asyncio.to_thread(mariadb.execute, f"ALTER TABLE {new} ADD COLUMN b INT",
+                                f"INSERT INTO {new} VALUES (2, 2, 2)")
+        parser = await asyncio.to_thread(parser_factory, log_name="parser3.log")
+        events = await wait_events(nats_url, database, "new", 4)
+        await wait_history(mc, database, "new", lambda rs: sum(1 for r in rs if r["ddl"]) == 2
+                           and sum(1 for r in rs if r["schema"]) == 2, "the ALTER and the schema after it")
+        await check_schema_at_every_event(mc, events, pending_at_end=False)
+        assert names_of((await schema_at(mc, database, "new", events[-1].env["scn"]))["schema"]) == ["id", "a", "b"]
+        assert not log_events(parser, "schema.cursor_migrated"), "its own cursor was there"
+        await wait_for(lambda: _at_least(recorder_seq(nc), events[-1].seq), 30, "the recorder's cursor")
+        assert parser.running and meta.running
+    finally:
+        await nc.close()
+
+
+async def _at_least(seq: Awaitable[int | None], target: int) -> bool:
+    value = await seq
+    return value is not None and value >= target
 
 
 @pytest.mark.timeout(180)
