@@ -35,10 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import ROOT, arguments, percentile, proc_cpu, run_in_workdir, stop_processes, tail
+from services.launcher import login
 from services.launcher.app import DURABLE, child_env, services
 from services.launcher.config import LauncherConfig
 from services.launcher.servers import MariaDB, free_port, start_mariadb, start_nats
 from shared import jetstream
+from shared.config import NatsSettings
 from shared.ordered_reader import OrderedReader
 from shared.subjects import Names
 
@@ -235,9 +237,9 @@ def loader_seq(port: int) -> int:
 
 
 async def measure(args: argparse.Namespace, mariadb: MariaDB, nats_url: str, tables: dict[str, Table],
-                  loader_port: int, pids: dict[str, int]) -> list[Step]:
+                  loader_port: int, pids: dict[str, int], auth: NatsSettings) -> list[Step]:
     names = Names()
-    nc = await jetstream.connect(nats_url, "bench-e2e")
+    nc = await jetstream.connect(nats_url, "bench-e2e", auth=auth)
     js = nc.jetstream()
     lake: list[tuple[int, float]] = []  # (committed CDC seq, first seen)
 
@@ -371,7 +373,10 @@ def wait_for_loader(log: Path, proc: subprocess.Popen[bytes], timeout_s: float =
 
 def run(args: argparse.Namespace, workdir: Path) -> int:
     mariadb = start_mariadb(workdir / "mariadb", extra_args=DURABLE)
-    nats = start_nats(workdir / "nats")
+    cfg = LauncherConfig(data_dir=str(workdir / "data"), sinks=2)
+    (workdir / "data").mkdir(parents=True, exist_ok=True)
+    # The services' own users, as `binlake up` runs them: the permission checks are part of the cost.
+    nats = start_nats(workdir / "nats", extra_args=["-c", str(login.server_config(workdir / "data", Names()))])
     procs: list[subprocess.Popen[bytes]] = []
     try:
         bulk = bulk_rate(mariadb)
@@ -379,14 +384,13 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         mariadb.execute(f"CREATE DATABASE `{DB}`", *(
             f"CREATE TABLE `{DB}`.`{t}` (id BIGINT PRIMARY KEY, a INT, b VARCHAR(40), c DECIMAL(12,2), d DATETIME(3))"
             for t in TABLES))
-        cfg = LauncherConfig(data_dir=str(workdir / "data"), sinks=2)
         env = child_env(cfg, workdir / "data", nats.url, mariadb.dsn())
         env.update(BINLAKE_START="current", BINLAKE_LOG_LEVEL="warning")
         loader_port = free_port()
         logs = workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         pids: dict[str, int] = {}
-        for child in services(cfg, env):
+        for child in services(cfg, env, workdir / "data"):
             child_env_ = dict(child.env)
             if child.name == "loader":
                 child_env_.update(BINLAKE_METRICS_PORT=str(loader_port), BINLAKE_LOG_LEVEL="info")
@@ -399,7 +403,8 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         pids["bench"] = os.getpid()
         wait_for_loader(logs / "loader.log", procs[-1])
         tables = {t: Table(t) for t in TABLES}
-        steps = asyncio.run(measure(args, mariadb, nats.url, tables, loader_port, pids))
+        admin = NatsSettings(nats_user=login.ADMIN, nats_password=login.password(workdir / "data"))
+        steps = asyncio.run(measure(args, mariadb, nats.url, tables, loader_port, pids, admin))
         best = max((s.target for s in steps if s.sustainable), default=0.0)
         print(f"highest sustainable rate: {best:,.0f} rows/s; source bulk write rate {bulk:,.0f} rows/s; "
               f"ratio {best / bulk:.3f}")

@@ -136,6 +136,9 @@ def check_replicas(replicas: int) -> int:
     return replicas
 
 
+_INBOX = re.compile(r"[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*")
+
+
 @dataclass(frozen=True, kw_only=True)
 class NatsSettings:
     """How to reach and log in to NATS: the same variables for every service and command.
@@ -155,8 +158,14 @@ class NatsSettings:
     nats_tls_ca: str = ""
     nats_tls_cert: str = ""
     nats_tls_key: str = ""
+    # Replies come to `<nats_inbox>.<id>`: a user confined to its own inbox prefix cannot read
+    # the replies of another (deploy/nats/permissions.conf gives each user `_INBOX_<user>`).
+    nats_inbox: str = "_INBOX"
 
     def __post_init__(self) -> None:
+        if not _INBOX.fullmatch(self.nats_inbox):
+            raise ConfigError(f"BINLAKE_NATS_INBOX={self.nats_inbox!r} must be subject tokens of "
+                              "[A-Za-z0-9_$-] joined by dots, e.g. _INBOX_loader")
         methods = [name for name, on in (("BINLAKE_NATS_USER/_PASSWORD", self.nats_user or self.nats_password),
                                          ("BINLAKE_NATS_TOKEN", self.nats_token),
                                          ("BINLAKE_NATS_CREDS", self.nats_creds),

@@ -41,7 +41,7 @@ log = structlog.get_logger()
 
 def login_options(auth: NatsSettings, servers: list[str]) -> dict[str, Any]:
     """nats.connect's keyword arguments for the login and TLS settings."""
-    opts: dict[str, Any] = {}
+    opts: dict[str, Any] = {"inbox_prefix": auth.nats_inbox}
     if auth.nats_user:
         opts.update(user=auth.nats_user, password=auth.nats_password)
     if auth.nats_token:
@@ -86,13 +86,20 @@ async def connect(url: str, name: str, *, auth: NatsSettings | None = None, conn
     from shared.config import NatsSettings
 
     servers = server_urls(url)
-    login = login_options(auth if auth is not None else NatsSettings.from_env(), servers)
+    auth = auth if auth is not None else NatsSettings.from_env()
+    login = login_options(auth, servers)
     shown = ",".join(redact(u) for u in servers)
 
     seen_errors: list[Exception] = []
 
     async def on_error(exc: Exception) -> None:
         seen_errors[:] = [*seen_errors[-4:], exc]  # a refused login shows here first
+        if "permissions violation" in str(exc).lower():
+            # The request it refused only times out: say here what to change.
+            log.error("nats.permission_denied", error=str(exc), user=auth.nats_user or None,
+                      fix="give this user its role's permissions (shared/permissions.py, "
+                          "deploy/nats/permissions.conf)")
+            return
         log.warning("nats.error", error=repr(exc))
 
     holder: list[NATS] = []
@@ -212,15 +219,19 @@ async def allows_atomic(js: JetStreamContext, stream: str) -> bool:
     return bool(info.config.allow_atomic)
 
 
-async def ensure_streams(js: JetStreamContext, names: Names, partitions: int, replicas: int = 1) -> None:
-    """BINLAKE_RAW (with `partitions`), BINLAKE_CDC and BINLAKE_DLQ: what every service that starts first creates.
+async def ensure_streams(js: JetStreamContext, names: Names, partitions: int, replicas: int = 1, *,
+                         streams: tuple[str, ...] = ("raw", "cdc", "dlq")) -> None:
+    """BINLAKE_RAW (with `partitions`), BINLAKE_CDC and BINLAKE_DLQ, or those of them in `streams`:
+    a service creates the ones it uses and its NATS user may define (`shared.permissions`).
 
     `replicas` applies when a stream is created; an existing stream keeps its own (change it
     with `nats stream edit --replicas`).
     """
-    await ensure_stream(js, raw_stream_config(names, partitions, replicas=replicas))
-    await ensure_stream(js, cdc_stream_config(names, replicas=replicas))
-    await ensure_stream(js, dlq_stream_config(names, replicas=replicas))
+    configs = {"raw": lambda: raw_stream_config(names, partitions, replicas=replicas),
+               "cdc": lambda: cdc_stream_config(names, replicas=replicas),
+               "dlq": lambda: dlq_stream_config(names, replicas=replicas)}
+    for stream in streams:
+        await ensure_stream(js, configs[stream]())
 
 
 async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl_s: float | None = None, history: int = 1,

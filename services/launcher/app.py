@@ -36,6 +36,7 @@ from services.launcher.spark_cluster import SparkCluster, spark_cluster
 from shared.actor import run_all
 from shared.errors import ConfigError
 from shared.mysql import MysqlUrl
+from shared.subjects import Names
 
 log = structlog.get_logger()
 
@@ -77,24 +78,28 @@ def child_env(cfg: LauncherConfig, data: Path, nats_url: str, source_url: str) -
     return env
 
 
-def services(cfg: LauncherConfig, env: dict[str, str]) -> list[Child]:
-    """The child processes, in start order (more join as their services land)."""
+def services(cfg: LauncherConfig, env: dict[str, str], data: Path) -> list[Child]:
+    """The child processes, in start order, each logged in to NATS as its role."""
+    def as_role(role: str, **more: str) -> dict[str, str]:
+        return {**env, **login.client_env(data, role), **more}
+
     children = [
-        Child.service("meta", "services.meta", env, color=4),
-        Child.service("store", "services.store", env, color=5),
-        Child.service("parser", "services.parser", {**env, "BINLAKE_INSTANCE": "up-parser"}, color=0),
+        Child.service("meta", "services.meta", as_role("meta"), color=4),
+        Child.service("store", "services.store", as_role("store"), color=5),
+        Child.service("parser", "services.parser", as_role("parser", BINLAKE_INSTANCE="up-parser"), color=0),
     ]
     for i in range(1, cfg.sinks + 1):
-        children.append(Child.service(f"sink-{i}", "services.sink", {**env, "BINLAKE_INSTANCE": f"up-sink-{i}"},
+        children.append(Child.service(f"sink-{i}", "services.sink", as_role("sink", BINLAKE_INSTANCE=f"up-sink-{i}"),
                                       color=i))
-    children.append(Child.service("loader", "services.loader", {**env, "BINLAKE_INSTANCE": "up-loader"}, color=3))
+    children.append(Child.service("loader", "services.loader", as_role("loader", BINLAKE_INSTANCE="up-loader"),
+                                  color=3))
     return children
 
 
 def start_bus(cfg: LauncherConfig, data: Path, ports: dict[str, int]) -> NatsServer | NatsCluster:
     """One nats-server, or with --nats-cluster N a cluster of N (its first node on the remembered port);
-    either refuses connections without the data directory's login."""
-    conf = ["-c", str(login.server_config(data))]
+    either refuses connections without one of the data directory's logins."""
+    conf = ["-c", str(login.server_config(data, Names(cfg.prefix)))]
     if cfg.nats_cluster == 1:
         return start_nats(data / "nats", port=ports.get("nats", cfg.nats_port), extra_args=conf)
     first = ports.get("nats", cfg.nats_port)
@@ -122,9 +127,9 @@ def banner(cfg: LauncherConfig, data: Path, nats: NatsServer | NatsCluster, sour
     return "\n".join([
         "binlake is up",
         f"  data dir : {data}",
-        f"  NATS     : {kind}{nats.url}   (user {login.USER}, password in {login.password_file(data)}: "
-        f"nats --server {nats.url} --user {login.USER} --password \"$(cat {login.password_file(data)})\" "
-        f"stream info {cfg.prefix.upper()}_CDC)",
+        f"  NATS     : {kind}{nats.url}   (user {login.ADMIN}, password in {login.password_file(data)}: "
+        f"nats --server {nats.url} --user {login.ADMIN} --password \"$(cat {login.password_file(data)})\" "
+        f"stream info {Names(cfg.prefix).cdc_stream}; each service has a user of its own)",
         f"  source   : {_shown(source_url)}",
         *spark,
         "  stop     : Ctrl-C",
@@ -159,14 +164,14 @@ async def main(cfg: LauncherConfig) -> None:
                 data / "mariadb", extra_args=DURABLE, port=ports.get("mariadb", cfg.mariadb_port)))
             source_url = mariadb.dsn()
         remember_ports(data, source_url, nats=first_port(nats), **({"mariadb": mariadb.port} if mariadb else {}))
-        env = {**child_env(cfg, data, nats.url, source_url), **login.client_env(data)}
+        env = child_env(cfg, data, nats.url, source_url)
         cluster = spark_cluster(data / "spark", cfg.spark_workers, env) if cfg.spark_workers else None
         print(banner(cfg, data, nats, source_url, cluster), flush=True)
         tasks: list[Callable[[], Awaitable[None]]]
         if cluster is None:
-            tasks = [c.run for c in services(cfg, env)]
+            tasks = [c.run for c in services(cfg, env, data)]
         else:
-            tasks = with_cluster(services(cfg, {**env, **cluster.client_env()}), cluster)
+            tasks = with_cluster(services(cfg, {**env, **cluster.client_env()}, data), cluster)
         if cfg.demo:
             from services.launcher import demo
 

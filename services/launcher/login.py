@@ -1,9 +1,9 @@
-"""`binlake up` runs NATS with a login: one user, its password generated into the data directory.
+"""`binlake up` runs NATS with a user per role (`shared.permissions`), passwords generated into the data directory.
 
-The password file and the server's configuration are 0600 and stay across runs. Every child
-gets the user and the file's path (`BINLAKE_NATS_PASSWORD_FILE`), never the password itself;
-`binlake status`, `tail`, `snapshot` and `rewind` find them through the data directory, like
-the ports.
+Each password is a 0600 file `<data>/nats-users/<role>`, kept across runs; the server's
+configuration is 0600 too. Every child gets its role's user, inbox and the file's path
+(`BINLAKE_NATS_PASSWORD_FILE`), never the password itself; `binlake status`, `tail`,
+`snapshot` and `rewind` log in as `admin` through the data directory, like they find the ports.
 """
 
 from __future__ import annotations
@@ -12,11 +12,14 @@ import os
 import secrets
 from pathlib import Path
 
-USER = "binlake"
+from shared import permissions
+from shared.subjects import Names
+
+ADMIN = "admin"
 
 
-def password_file(data: Path) -> Path:
-    return data / "nats-password"
+def password_file(data: Path, role: str = ADMIN) -> Path:
+    return data / "nats-users" / role
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -26,20 +29,25 @@ def _write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-def password(data: Path) -> str:
-    """The data directory's NATS password, made on first use."""
-    path = password_file(data)
+def password(data: Path, role: str = ADMIN) -> str:
+    """A role's NATS password, made on first use."""
+    path = password_file(data, role)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
     if not path.is_file():
         _write_private(path, secrets.token_urlsafe(24) + "\n")
     return path.read_text().strip()
 
 
-def server_config(data: Path) -> Path:
-    """A nats-server configuration (`-c`) that refuses every connection without the login."""
+def server_config(data: Path, names: Names) -> Path:
+    """A nats-server configuration (`-c`) with every role's user: no connection without a login."""
     path = data / "nats-login.conf"
-    _write_private(path, f'authorization {{\n  user: "{USER}"\n  password: "{password(data)}"\n}}\n')
+    passwords = {role: '"' + password(data, role) + '"' for role in permissions.ROLES}
+    _write_private(path, permissions.server_config(names, passwords))
     return path
 
 
-def client_env(data: Path) -> dict[str, str]:
-    return {"BINLAKE_NATS_USER": USER, "BINLAKE_NATS_PASSWORD_FILE": str(password_file(data))}
+def client_env(data: Path, role: str) -> dict[str, str]:
+    """The BINLAKE_NATS_* settings a child of `role` logs in with."""
+    password(data, role)
+    return {"BINLAKE_NATS_USER": role, "BINLAKE_NATS_PASSWORD_FILE": str(password_file(data, role)),
+            "BINLAKE_NATS_INBOX": permissions.inbox(role)}

@@ -37,7 +37,7 @@ def nats_auth() -> NatsSettings:
     secret = login.password_file(Path(os.environ.get("BINLAKE_DATA_DIR", ".binlake")))
     if not secret.is_file():
         return settings
-    return dataclasses.replace(settings, nats_user=login.USER, nats_password=secret.read_text().strip())
+    return dataclasses.replace(settings, nats_user=login.ADMIN, nats_password=secret.read_text().strip())
 
 
 def replicas() -> int:

@@ -14,6 +14,7 @@ Debian); about 7 minutes, most of it building images.
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -24,8 +25,10 @@ from typing import Any
 import pymysql
 import pytest
 
+from shared import permissions
+from shared.config import NatsSettings
 from tests.compose.engine import Engine, missing_tools
-from tests.integration.support import assert_table_order, read_stream_sync, wait_until
+from tests.integration.support import assert_nats_refuses_anonymous, assert_table_order, read_stream_sync, wait_until
 from tests.servers import free_port, nats_server_binary
 
 pytestmark = [
@@ -34,6 +37,8 @@ pytestmark = [
 ]
 
 PARTITIONS = 16  # the services' default BINLAKE_PARTITIONS
+PASSWORD_VARIABLES = ("MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", *(f"BINLAKE_{role.upper()}_PASSWORD"
+                                                                          for role in permissions.ROLES))
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +69,11 @@ class Stack:
         self.engine = engine
         self.file = file
         self.mysql_port, self.nats_port = free_port(), free_port()
-        self.env = {"BINLAKE_MYSQL_PORT": str(self.mysql_port), "BINLAKE_NATS_PORT": str(self.nats_port)}
+        # What deploy/make-env.sh would write into deploy/.env (variables given win over that file).
+        self.passwords = {var: secrets.token_hex(16) for var in PASSWORD_VARIABLES}
+        self.env = {"BINLAKE_MYSQL_PORT": str(self.mysql_port), "BINLAKE_NATS_PORT": str(self.nats_port),
+                    **self.passwords}
+        self.admin = NatsSettings(nats_user="admin", nats_password=self.passwords["BINLAKE_ADMIN_PASSWORD"])
 
     @property
     def nats_url(self) -> str:
@@ -74,8 +83,8 @@ class Stack:
         return self.engine.compose(*args, env=self.env, timeout=timeout, check=check, file=self.file)
 
     def sql(self, *statements: str) -> None:
-        conn = pymysql.connect(host="127.0.0.1", port=self.mysql_port, user="root", password="root",
-                               autocommit=True)
+        conn = pymysql.connect(host="127.0.0.1", port=self.mysql_port, user="root",
+                               password=self.passwords["MYSQL_ROOT_PASSWORD"], autocommit=True)
         try:
             with conn.cursor() as cur:
                 for s in statements:
@@ -84,7 +93,8 @@ class Stack:
             conn.close()
 
     def rows(self, sql: str) -> list[tuple[Any, ...]]:
-        conn = pymysql.connect(host="127.0.0.1", port=self.mysql_port, user="root", password="root")
+        conn = pymysql.connect(host="127.0.0.1", port=self.mysql_port, user="root",
+                               password=self.passwords["MYSQL_ROOT_PASSWORD"])
         try:
             with conn.cursor() as cur:
                 cur.execute(sql)
@@ -115,7 +125,7 @@ class Stack:
         return last[0].stdout
 
     def status(self) -> dict[str, Any]:
-        out = self.compose("exec", "-T", "meta", "binlake", "status", "--json", timeout=120).stdout
+        out = self.compose("run", "--rm", "-T", "ops", "status", "--json", timeout=180).stdout
         return dict(json.loads(out))
 
 
@@ -139,7 +149,7 @@ def workload(stack: Stack, start: int, n: int) -> None:
 
 def assert_cdc_exact(stack: Stack) -> None:
     """BINLAKE_CDC: no message id twice, per-table order, and the row changes the workload made."""
-    msgs = [m for m in read_stream_sync(stack.nats_url, "BINLAKE_CDC") if m.env.get("db") == "shop"]
+    msgs = [m for m in read_stream_sync(stack.nats_url, "BINLAKE_CDC", auth=stack.admin) if m.env.get("db") == "shop"]
     ids = [m.headers["Nats-Msg-Id"] for m in msgs]
     assert len(ids) == len(set(ids)), "a change was published twice"
     assert_table_order(msgs)
@@ -154,6 +164,11 @@ def test_compose_up_workload_scale_kill_and_restart(engine: Engine) -> None:
     images = {stack.container(s)["Config"]["Image"] for s in ("meta", "store", "parser", "sink", "loader")}
     assert images == {"binlake:local"}, images
     assert stack.container("loader")["Config"]["User"] == "binlake"
+    # Auth by default: NATS refuses a client without a login; each service has its own user.
+    assert_nats_refuses_anonymous(stack.nats_port)
+    for service in ("meta", "store", "parser", "sink", "loader"):
+        env = dict(v.split("=", 1) for v in stack.container(service)["Config"]["Env"])
+        assert env["BINLAKE_NATS_USER"] == service and "BINLAKE_ADMIN_PASSWORD" not in env, service
 
     workload(stack, 1, 1000)
     assert "OK" in stack.wait_verified()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,8 @@ import msgpack
 import nats
 from nats.js.api import DeliverPolicy
 
-from shared.jetstream import server_urls
+from shared.config import NatsSettings
+from shared.jetstream import login_options, server_urls
 from tests.servers import MariaDB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,9 +114,11 @@ class StoredMsg:
     env: dict[str, Any]
 
 
-async def read_stream(nats_url: str, stream: str = "BINLAKE_RAW", subject: str = ">") -> list[StoredMsg]:
-    """Every message currently in `stream` matching `subject`, in stream order."""
-    nc = await nats.connect(server_urls(nats_url))
+async def read_stream(nats_url: str, stream: str = "BINLAKE_RAW", subject: str = ">", *,
+                      auth: NatsSettings | None = None) -> list[StoredMsg]:
+    """Every message currently in `stream` matching `subject`, in stream order (`auth`: the login)."""
+    servers = server_urls(nats_url)
+    nc = await nats.connect(servers, **(login_options(auth, servers) if auth else {}))
     try:
         js = nc.jetstream()
         try:
@@ -152,8 +156,9 @@ async def read_stream(nats_url: str, stream: str = "BINLAKE_RAW", subject: str =
         await nc.close()
 
 
-def read_stream_sync(nats_url: str, stream: str = "BINLAKE_RAW", subject: str = ">") -> list[StoredMsg]:
-    return asyncio.run(read_stream(nats_url, stream, subject))
+def read_stream_sync(nats_url: str, stream: str = "BINLAKE_RAW", subject: str = ">", *,
+                     auth: NatsSettings | None = None) -> list[StoredMsg]:
+    return asyncio.run(read_stream(nats_url, stream, subject, auth=auth))
 
 
 def wait_until(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
@@ -216,3 +221,19 @@ def parse_metrics(text: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
+
+
+def assert_nats_refuses_anonymous(port: int, host: str = "127.0.0.1") -> None:
+    """The server at `port` asks for a login and refuses a client without one."""
+    # The protocol by hand: a client library would leave its half-open transport to the GC.
+    with socket.create_connection((host, port), timeout=5) as sock:
+        info = sock.recv(4096)
+        assert info.startswith(b"INFO ") and b'"auth_required":true' in info, info
+        sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    assert answer.startswith(b"-ERR 'Authorization Violation'"), answer

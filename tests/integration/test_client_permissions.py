@@ -11,34 +11,39 @@ import nats
 import nats.errors
 import pytest
 
+from shared import permissions
 from shared.config import NatsSettings
 from shared.errors import NatsUnavailable
 from shared.jetstream import connect
 from shared.rpc import RpcError, call
 from shared.store_client import StoreClient
 from shared.subjects import Names
-from tests.integration.support import ROOT, ServiceProcess, wait_until
+from tests.integration.support import ServiceProcess, wait_until
 from tests.servers import NatsServer, start_nats
-
-PERMISSIONS = ROOT / "deploy" / "nats" / "permissions.conf"  # the file users are told to start from
 
 
 @pytest.fixture
 def bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[NatsServer]:
-    monkeypatch.setenv("BINLAKE_SERVICES_PASSWORD", "svc-pw")  # nats-server reads $VARS from its environment
-    monkeypatch.setenv("APP1_PASSWORD", "app1-pw")
-    ns = start_nats(tmp_path / "nats", extra_args=["-c", str(PERMISSIONS)])
+    """The shipped users (the file is checked to be this function's output below) and client app1."""
+    for role in permissions.ROLES:  # nats-server reads $VARS from its environment
+        monkeypatch.setenv(f"BINLAKE_{role.upper()}_PASSWORD", f"{role}-pw")
+    conf = tmp_path / "nats.conf"
+    conf.write_text(permissions.server_config(
+        Names(), {role: f"$BINLAKE_{role.upper()}_PASSWORD" for role in permissions.ROLES}, {"app1": '"app1-pw"'}))
+    ns = start_nats(tmp_path / "nats", extra_args=["-c", str(conf)])
     yield ns
     ns.stop()
 
 
 @pytest.mark.timeout(180)
 async def test_a_client_user_acts_only_as_itself(bus: NatsServer, tmp_path: Path) -> None:
-    env = {"BINLAKE_NATS_URL": bus.url, "BINLAKE_NATS_USER": "binlake", "BINLAKE_NATS_PASSWORD": "svc-pw",
-           "BINLAKE_METRICS_PORT": "-1"}
-    meta = ServiceProcess("services.meta", env, tmp_path / "meta.log").start()
-    store = ServiceProcess("services.store", env, tmp_path / "store.log").start()
-    app = await connect(bus.url, "app1", auth=NatsSettings(nats_user="app1", nats_password="app1-pw"))
+    def env(role: str) -> dict[str, str]:
+        return {"BINLAKE_NATS_URL": bus.url, "BINLAKE_NATS_USER": role, "BINLAKE_NATS_PASSWORD": f"{role}-pw",
+                "BINLAKE_NATS_INBOX": permissions.inbox(role), "BINLAKE_METRICS_PORT": "-1"}
+    meta = ServiceProcess("services.meta", env("meta"), tmp_path / "meta.log").start()
+    store = ServiceProcess("services.store", env("store"), tmp_path / "store.log").start()
+    app = await connect(bus.url, "app1", auth=NatsSettings(nats_user="app1", nats_password="app1-pw",
+                                                           nats_inbox=permissions.inbox("app1")))
     try:
         c = StoreClient(app, "app1", timeout_s=5)
 
@@ -77,3 +82,4 @@ async def test_a_client_user_acts_only_as_itself(bus: NatsServer, tmp_path: Path
         await app.close()
         store.stop()
         meta.stop()
+

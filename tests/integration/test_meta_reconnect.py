@@ -179,8 +179,8 @@ async def test_a_service_that_loses_nats_for_good_exits_nonzero(bus: tuple[NatsS
         await eventually("meta serving", lambda: meta.get("k"), [meta_proc], timeout=90)
 
         # Every control line longer than 48 bytes is now a protocol error: the short request
-        # below passes, the JetStream requests meta makes to answer it (or for its schema
-        # recorder) do not, and the server closes meta's connection with -ERR.
+        # below passes, the JetStream requests meta makes to answer it do not, and the server
+        # closes meta's connection with -ERR.
         assert ns.proc is not None
         write_conf(conf, "max_control_line: 48")
         ns.proc.send_signal(signal.SIGHUP)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,8 @@ from pathlib import Path
 import pymysql
 import pytest
 
-from tests.integration.support import ROOT, wait_until
+from shared import permissions
+from tests.integration.support import ROOT, assert_nats_refuses_anonymous, wait_until
 
 
 def _env(data: Path) -> dict[str, str]:
@@ -67,23 +67,14 @@ def _cli(data: Path, *args: str, timeout: float = 300) -> subprocess.CompletedPr
 
 
 def _assert_nats_wants_the_login(data: Path, output: str) -> None:
-    """NATS refuses connections without the generated login; the password is only in a 0600 file."""
-    secret = data / "nats-password"
-    assert secret.stat().st_mode & 0o777 == 0o600 and (data / "nats-login.conf").stat().st_mode & 0o777 == 0o600
-    assert secret.read_text().strip() not in output, "the banner or a log printed the NATS password"
-    port = json.loads((data / "ports.json").read_text())["nats"]
-    # The protocol by hand: a client library would leave its half-open transport to the GC.
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        info = sock.recv(4096)
-        assert info.startswith(b"INFO ") and b'"auth_required":true' in info, info
-        sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n')
-        answer = b""
-        while b"\r\n" not in answer:
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            answer += chunk
-    assert answer.startswith(b"-ERR 'Authorization Violation'"), answer
+    """NATS refuses connections without a generated login; each role's password is only in a 0600 file."""
+    users = data / "nats-users"
+    assert users.stat().st_mode & 0o777 == 0o700 and (data / "nats-login.conf").stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in users.iterdir()) == sorted(permissions.ROLES)
+    for secret in users.iterdir():
+        assert secret.stat().st_mode & 0o777 == 0o600
+        assert secret.read_text().strip() not in output, f"the banner or a log printed the {secret.name} password"
+    assert_nats_refuses_anonymous(json.loads((data / "ports.json").read_text())["nats"])
 
 
 def _verified(data: Path, table: str) -> bool:

@@ -32,6 +32,9 @@ def test_every_service_is_there_with_command_and_restart():
     assert {"mysql", "nats", "nats-box"} | BINLAKE_SERVICES <= set(services)
     for name, svc in services.items():
         assert svc.get("command"), f"{name} has no command"
+        if name == "ops":  # the operator's commands, run on demand (`run --rm ops status`)
+            assert svc["profiles"] == ["ops"] and svc["restart"] == "no"
+            continue
         assert svc.get("restart") == "unless-stopped", f"{name} is not restarted"
         if name != "nats-box":  # nothing waits for the CLI box
             assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
@@ -131,3 +134,23 @@ def test_the_cluster_file_has_three_nats_nodes_r3_and_a_spark_cluster():
         assert services[worker]["command"][:3] == ["spark", "worker", "spark://spark-master:7077"]
         assert "lake-data:/data" in services[worker]["volumes"]  # the same warehouse path as the driver
     assert "lake-data:/data" in services["loader"]["volumes"]
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_auth_is_on_and_each_service_has_its_own_user(file: str) -> None:
+    raw = (ROOT / "deploy" / file).read_text()
+    services = compose(file)["services"]
+    for name in (*BINLAKE_SERVICES, "ops"):
+        env = services[name]["environment"]
+        role = "admin" if name == "ops" else name
+        assert env["BINLAKE_NATS_USER"] == role and env["BINLAKE_NATS_INBOX"] == f"_INBOX_{role}"
+        assert env["BINLAKE_NATS_PASSWORD"] == f"${{BINLAKE_{role.upper()}_PASSWORD}}"
+        assert ("BINLAKE_SOURCE_URL" in env) == (name in ("parser", "loader")), name
+    for name, svc in services.items():
+        if name.startswith("nats") and name != "nats-box":
+            assert svc["command"][:2] == ["-c", "/etc/nats/permissions.conf"]
+            assert "./nats/permissions.conf:/etc/nats/permissions.conf:ro" in svc["volumes"]
+    # No password has a default: without deploy/.env compose stops and names the script.
+    for var in ("MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", "BINLAKE_ADMIN_PASSWORD"):
+        assert f"${{{var}:?run deploy/make-env.sh first" in raw
+    assert "IDENTIFIED BY" not in (ROOT / "deploy" / "mysql-init.sql").read_text()

@@ -28,7 +28,7 @@ def test_a_master_and_workers_that_point_at_it(tmp_path: Path) -> None:
 
 def test_the_cluster_runs_first_and_the_loader_gets_its_url(tmp_path: Path) -> None:
     c = spark_cluster(tmp_path, 1, {})
-    children = services(LauncherConfig(sinks=1), {"BINLAKE_NATS_URL": "nats://x", **c.client_env()})
+    children = services(LauncherConfig(sinks=1), {"BINLAKE_NATS_URL": "nats://x", **c.client_env()}, tmp_path)
     assert len(with_cluster(children, c)) == len(children) + 2
     loader = next(ch for ch in children if ch.name == "loader")
     assert loader.env["BINLAKE_MASTER"] == c.master_url

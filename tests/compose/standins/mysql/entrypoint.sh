@@ -1,6 +1,7 @@
 #!/bin/bash
 # mysql image's entrypoint contract on MariaDB: flags given as the command go to the server,
-# the first start initialises the data directory, sets the root password and runs initdb.d.
+# the first start initialises the data directory, sets the root password, creates MYSQL_USER
+# and runs initdb.d.
 set -euo pipefail
 if [ "${1:0:1}" = "-" ]; then set -- mariadbd "$@"; fi
 args=()
@@ -23,6 +24,11 @@ ALTER USER 'root'@'localhost' IDENTIFIED BY '${MYSQL_ROOT_PASSWORD}';
 CREATE USER 'root'@'%' IDENTIFIED BY '${MYSQL_ROOT_PASSWORD}';
 GRANT ALL ON *.* TO 'root'@'%' WITH GRANT OPTION;
 SQL
+  if [ -n "${MYSQL_USER:-}" ]; then
+    : "${MYSQL_PASSWORD:?set MYSQL_PASSWORD with MYSQL_USER}"
+    mariadb --socket="$sock" -uroot -p"${MYSQL_ROOT_PASSWORD}" \
+      -e "CREATE USER '${MYSQL_USER}'@'%' IDENTIFIED BY '${MYSQL_PASSWORD}'"
+  fi
   for f in /docker-entrypoint-initdb.d/*.sql; do
     [ -e "$f" ] && mariadb --socket="$sock" -uroot -p"${MYSQL_ROOT_PASSWORD}" < "$f"
   done

@@ -1,0 +1,148 @@
+"""Who may do what on the bus: the NATS users of binlake's roles, as nats-server configuration.
+
+NATS enforces it, not binlake: each role's user may publish and subscribe only on the subjects
+listed here (its streams' JetStream API, its own KV keys, its own RPC subjects, its own reply
+inbox `_INBOX_<user>`). In particular only `parser` and `sink` can read BINLAKE_RAW (every
+database, unmasked), only the sink writes BINLAKE_CDC, no role but `admin` can create a stream
+binlake does not own (one that sources RAW, say), and a store client user (`client_user`) acts
+only as itself. `binlake up` runs its NATS with `server_config`; deploy/nats/permissions.conf
+is `server_config` with the passwords taken from nats-server's environment.
+
+Roles are not limited per source (a deployment's sources share a role's user).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from shared.subjects import Names, escape_token, kv_stream
+
+ROLES = ("parser", "sink", "store", "meta", "loader", "admin")
+"""The services' users, and `admin` for the operator's commands (status, tail, snapshot, rewind)."""
+
+
+def inbox(user: str) -> str:
+    """The reply-subject prefix (BINLAKE_NATS_INBOX) of a user: it may subscribe to nothing else."""
+    return f"_INBOX_{escape_token(user)}"
+
+
+@dataclass
+class Grant:
+    """What one user may publish and subscribe to; `responses`: it may answer the requests it gets."""
+
+    publish: list[str] = field(default_factory=list)
+    subscribe: list[str] = field(default_factory=list)
+    responses: bool = False
+
+    def read(self, stream: str) -> Grant:
+        """Read a stream: consumers of its own, direct and stored gets, acks and flow control."""
+        self.publish += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}",
+                         f"$JS.API.CONSUMER.CREATE.{stream}.>", f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.*",
+                         f"$JS.API.CONSUMER.INFO.{stream}.*", f"$JS.API.CONSUMER.DELETE.{stream}.*",
+                         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*", f"$JS.API.STREAM.MSG.GET.{stream}",
+                         f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>",
+                         f"$JS.ACK.{stream}.>", f"$JS.FC.{stream}.>"]
+        return self
+
+    def define(self, stream: str) -> Grant:
+        """Create the stream when missing and update its settings (retention, atomic batches)."""
+        self.publish += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.CREATE.{stream}",
+                         f"$JS.API.STREAM.UPDATE.{stream}"]
+        return self
+
+    def bucket(self, bucket: str, writes: Iterable[str] = ()) -> Grant:
+        """Read a KV bucket, create it when missing, and write (put, delete, purge) the keys `writes`."""
+        self.read(kv_stream(bucket)).define(kv_stream(bucket))
+        self.publish += [f"$KV.{bucket}.{key}" for key in writes]
+        return self
+
+    def conf(self, indent: str) -> str:
+        def block(subjects: list[str]) -> str:
+            inner = "".join(f"\n{indent}    {_quoted(s)}" for s in dict.fromkeys(subjects))
+            return f"{{ allow: [{inner}\n{indent}  ] }}"
+
+        lines = [f"publish: {block(self.publish)}", f"subscribe: {block(self.subscribe)}"]
+        if self.responses:
+            lines.append("allow_responses: true")
+        return "{\n" + "".join(f"{indent}  {line}\n" for line in lines) + indent + "}"
+
+
+def _quoted(subject: str) -> str:
+    return '"' + subject.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _service(user: str) -> Grant:
+    return Grant(publish=["$JS.API.INFO"], subscribe=[f"{inbox(user)}.>"])
+
+
+def grants(names: Names) -> dict[str, Grant]:
+    """Each role's grant for a deployment's prefix."""
+    raw, cdc, dlq, p = names.raw_stream, names.cdc_stream, names.dlq_stream, names.prefix
+    cursors, leases, members, schema = (names.cursors_bucket, names.leases_bucket, names.members_bucket,
+                                        names.schema_bucket)
+    parser = (_service("parser").read(raw).define(raw)
+              .bucket(leases, ["parser.>"]).bucket(cursors, ["parser.>", "snapshot.>"]))
+    parser.publish += [names.raw_all, names.meta_rpc("schema.add")]
+    sink = (_service("sink").read(raw).define(raw).read(cdc).define(cdc).define(dlq)
+            .bucket(members, ["sink.>"]).bucket(cursors, ["sink.>"]))
+    sink.publish += [names.cdc_all, names.dlq_all]
+    store = _service("store").read(cdc).define(cdc)
+    store.publish += [names.meta_rpc(verb) for verb in ("cursor.get", "cursor.put", "cursor.delete", "rewind")]
+    store.subscribe += [f"{p}.store.>"]
+    store.responses = True
+    meta = _service("meta").read(cdc).define(cdc).bucket(cursors, [">"]).bucket(schema, [">"])
+    meta.subscribe += [f"{p}.meta.>"]
+    meta.responses = True
+    loader = (client_grant(names, "loader", user="loader").bucket(leases, ["loader.>"])
+              .bucket(cursors, ["snapshot.*.request.>"]))  # it asks for a table to be read again
+    loader.publish += ["$JS.API.INFO"]
+    admin = Grant(publish=[">"], subscribe=[">"], responses=True)
+    return {"parser": parser, "sink": sink, "store": store, "meta": meta, "loader": loader, "admin": admin}
+
+
+def client_grant(names: Names, client: str, *, user: str | None = None, source: str = "*") -> Grant:
+    """A batch-protocol client's user: its own store subjects (any source unless `source`) and inbox."""
+    token = "*" if source == "*" else escape_token(source)
+    return Grant(publish=[f"{names.prefix}.store.{token}.*.{escape_token(client)}"],
+                 subscribe=[f"{inbox(user or client)}.>"])
+
+
+def server_config(names: Names, passwords: Mapping[str, str], clients: Mapping[str, str] | None = None, *,
+                  roles: bool = True) -> str:
+    """nats-server `authorization` block: a user per role (`passwords[role]`, verbatim: a quoted
+    string, or `$VAR` to take it from nats-server's environment), and a user per store client."""
+    users = [(role, passwords[role], grant) for role, grant in grants(names).items()] if roles else []
+    users += [(client, pw, client_grant(names, client)) for client, pw in (clients or {}).items()]
+    body = "".join(f"    {{ user: {_quoted(user)}, password: {pw},\n      permissions: {grant.conf('      ')} }}\n"
+                   for user, pw, grant in users)
+    return f"authorization {{\n  users = [\n{body}  ]\n}}\n"
+
+
+SHIPPED_HEADER = """\
+# binlake's NATS users, for `nats-server -c permissions.conf` (add your own jetstream, port and
+# TLS settings, or `include` this file). Generated by `python -m shared.permissions`: do not edit,
+# change shared/permissions.py. The passwords come from nats-server's environment:
+# BINLAKE_<ROLE>_PASSWORD for the roles parser, sink, store, meta, loader and admin.
+#
+# Each service connects as its role: BINLAKE_NATS_USER=<role>, BINLAKE_NATS_PASSWORD(_FILE),
+# BINLAKE_NATS_INBOX=_INBOX_<role>. `admin` is for the operator's commands (binlake status,
+# tail, snapshot, rewind) and the nats CLI. Only parser and sink read BINLAKE_RAW.
+#
+# A batch-protocol client gets a user of its own: it may only publish to its own store
+# subjects (binlake.store.<source>.<verb>.<client>) and receive replies in its own inbox
+# (connect with inbox prefix _INBOX_<client>; BINLAKE_NATS_INBOX for binlake's StoreClient):
+# it cannot read, ack, roll back or unsubscribe another client, rewind anyone, nor touch a
+# stream, a bucket or the JetStream API. For a client `app1`, add to the users below:
+"""
+
+
+def shipped() -> str:
+    """deploy/nats/permissions.conf: each role's user, passwords from the environment; a client's as a comment."""
+    passwords = {role: f"$BINLAKE_{role.upper()}_PASSWORD" for role in ROLES}
+    example = server_config(Names(), {}, {"app1": "$APP1_PASSWORD"}, roles=False).splitlines()[2:-2]
+    return SHIPPED_HEADER + "".join(f"#{line[3:]}\n" for line in example) + server_config(Names(), passwords)
+
+
+if __name__ == "__main__":
+    print(shipped(), end="")

@@ -1,0 +1,178 @@
+"""The whole pipeline on a locked-down deployment: NATS with TLS and a user per service
+(`shared.permissions`), a source that only takes TLS. The changes arrive; what an app's user,
+or a service's user, tries beyond its role is refused by NATS, and the pipeline keeps its data."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import msgpack
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js.api import ConsumerConfig, StreamConfig, StreamSource
+
+from shared import permissions
+from shared.config import NatsSettings
+from shared.errors import NatsUnavailable
+from shared.jetstream import login_options
+from shared.rpc import RpcError
+from shared.store_client import StoreClient
+from shared.subjects import Names
+from tests.integration.certs import Certs, make_certs
+from tests.integration.support import ServiceProcess, parser_env, sink_env
+from tests.integration.test_mysql_tls import tls_only_server
+from tests.servers import MariaDB, NatsServer, start_nats
+
+NAMES = Names()
+PASSWORDS = {role: f"{role}-pw" for role in (*permissions.ROLES, "app1")}
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Certs:
+    return make_certs(tmp_path / "certs")
+
+
+@pytest.fixture
+def bus(tmp_path: Path, certs: Certs) -> Iterator[NatsServer]:
+    conf = tmp_path / "nats.conf"
+    conf.write_text(permissions.server_config(
+        NAMES, {r: f'"{PASSWORDS[r]}"' for r in permissions.ROLES}, {"app1": f'"{PASSWORDS["app1"]}"'}))
+    ns = start_nats(tmp_path / "nats", extra_args=["-c", str(conf), "--tls", "--tlscert", str(certs.server_cert),
+                                                    "--tlskey", str(certs.server_key)])
+    yield ns
+    ns.stop()
+
+
+def login(user: str, certs: Certs) -> NatsSettings:
+    return NatsSettings(nats_user=user, nats_password=PASSWORDS[user], nats_tls_ca=str(certs.ca),
+                        nats_inbox=permissions.inbox(user))
+
+
+def role_env(role: str, url: str, certs: Certs) -> dict[str, str]:
+    return {"BINLAKE_NATS_URL": url, "BINLAKE_NATS_USER": role, "BINLAKE_NATS_PASSWORD": PASSWORDS[role],
+            "BINLAKE_NATS_TLS_CA": str(certs.ca), "BINLAKE_NATS_INBOX": permissions.inbox(role)}
+
+
+class Conn:
+    """A raw nats-py connection as one user, keeping the server's permission errors."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.nc = NATS()
+
+    @classmethod
+    async def open(cls, url: str, auth: NatsSettings) -> Conn:
+        conn = cls()
+
+        async def on_error(exc: Exception) -> None:
+            conn.errors.append(str(exc))
+
+        conn.nc = await nats.connect(url, error_cb=on_error, max_reconnect_attempts=2, **login_options(auth, [url]))
+        return conn
+
+    async def violation(self, subject: str) -> bool:
+        """Whether the server reported a permissions violation naming `subject`."""
+        for _ in range(50):
+            if any("permissions violation" in e.lower() and subject.lower() in e.lower() for e in self.errors):
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def refused_request(self, subject: str, body: bytes = b"{}") -> bool:
+        with pytest.raises((nats.errors.Error, TimeoutError)):
+            await self.nc.request(subject, body, timeout=2)
+        return await self.violation(subject)
+
+
+@pytest.mark.timeout(300)
+async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
+        bus: NatsServer, mariadb_factory: Callable[..., MariaDB], certs: Certs, tmp_path: Path) -> None:
+    source = tls_only_server(mariadb_factory, certs)
+    url = f"tls://127.0.0.1:{bus.port}"
+    procs: list[ServiceProcess] = []
+
+    def start(module: str, role: str, env: dict[str, str]) -> ServiceProcess:
+        proc = ServiceProcess(module, {**env, **role_env(role, url, certs)}, tmp_path / f"{role}.log").start()
+        procs.append(proc)
+        return proc
+
+    source_url = source.dsn() + "/?ssl-ca=" + quote(str(certs.ca))
+    start("services.meta", "meta", sink_env(url))
+    start("services.store", "store", sink_env(url))
+    start("services.parser", "parser", parser_env(source, url, BINLAKE_SOURCE_URL=source_url, BINLAKE_START="earliest"))
+    sink = start("services.sink", "sink", sink_env(url, BINLAKE_INSTANCE="s1"))
+    app = await Conn.open(url, login("app1", certs))
+    try:
+        client = StoreClient(app.nc, "app1", timeout_s=5)
+        await _until(lambda: client.subscribe(start="earliest"), procs)
+        source.execute(*(f"INSERT INTO shop.t VALUES ({i})" for i in range(1, 51)), ssl={"ca": str(certs.ca)})
+        seen = await _read_ids(client, 50, procs)
+        assert seen == list(range(1, 51))
+
+        # An app's user: no other client, no meta, no stream, bucket, RAW subject or other inbox.
+        for verb in ("rollback", "unsubscribe", "ack", "get"):
+            assert await app.refused_request(NAMES.store_client_rpc("main", verb, "loader"))
+        assert await app.refused_request(NAMES.store_rpc("main", "subscribe"))
+        assert await app.refused_request(NAMES.meta_rpc("cursor.put"),
+                                         msgpack.packb({"key": "sink.main.p14", "value": {"seq": 10**9}}))
+        assert await app.refused_request(NAMES.meta_rpc("rewind"))
+        assert await app.refused_request("$JS.API.STREAM.INFO.BINLAKE_RAW")
+        assert await app.refused_request("$KV.binlake_cursors.sink.main.p14", b'{"seq": 1000000000}')
+        await app.nc.publish("binlake.raw.main.3.a.b.c", b"x")
+        assert await app.violation("binlake.raw.main.3.a.b.c")
+        for subject in ("binlake.raw.>", "binlake.cdc.>", "_INBOX.>", f"{permissions.inbox('loader')}.>"):
+            await app.nc.subscribe(subject)
+            assert await app.violation(subject), app.errors
+
+        # Only the parser and the sink read BINLAKE_RAW; nobody but the admin defines a stream.
+        for role in ("store", "meta", "loader"):
+            other = await Conn.open(url, login(role, certs))
+            try:
+                js = other.nc.jetstream()
+                with pytest.raises((nats.errors.Error, TimeoutError)):
+                    await js.add_consumer(NAMES.raw_stream, ConsumerConfig(), timeout=2)
+                assert await other.violation(f"$JS.API.CONSUMER.CREATE.{NAMES.raw_stream}"), (role, other.errors)
+                with pytest.raises((nats.errors.Error, TimeoutError)):
+                    await js.add_stream(StreamConfig(name="COPY", subjects=["copy.>"],
+                                                     sources=[StreamSource(name=NAMES.raw_stream)]))
+                assert await other.violation("$JS.API.STREAM.CREATE.COPY"), (role, other.errors)
+            finally:
+                await other.nc.close()
+
+        source.execute(*(f"INSERT INTO shop.t VALUES ({i})" for i in range(51, 61)), ssl={"ca": str(certs.ca)})
+        assert await _read_ids(client, 10, procs) == list(range(51, 61))
+        assert sink.running and all(p.running for p in procs), "\n".join(p.output[-3000:] for p in procs)
+    finally:
+        await app.nc.close()
+        for p in procs:
+            p.stop()
+
+
+async def _until(attempt: Callable[[], Any], procs: list[ServiceProcess], timeout_s: float = 90) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            return await attempt()
+        except (RpcError, NatsUnavailable, nats.errors.Error, TimeoutError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError("\n".join(p.output[-3000:] for p in procs)) from None
+            await asyncio.sleep(0.5)
+
+
+async def _read_ids(client: StoreClient, count: int, procs: list[ServiceProcess]) -> list[int]:
+    ids: list[int] = []
+    deadline = asyncio.get_running_loop().time() + 90
+    while len(ids) < count:
+        assert asyncio.get_running_loop().time() < deadline, "\n".join(p.output[-3000:] for p in procs)
+        batch = await client.get(max_wait=1)
+        if batch.id is None:
+            continue
+        ids += [r["after"]["id"] for e in batch.events for r in e.get("rows") or () if r.get("after")]
+        await client.ack(batch.id)
+    return ids

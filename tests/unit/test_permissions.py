@@ -1,0 +1,97 @@
+"""The role grants, checked as NATS would match them: who may read RAW, write CDC, define streams."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shared import permissions
+from shared.subjects import Names
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = Names()
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` one token, `>` one or more trailing tokens."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, token in enumerate(p):
+        if token == ">":
+            return len(s) > i
+        if i >= len(s) or (token != "*" and token != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def may_publish(role: str, subject: str) -> bool:
+    return any(matches(p, subject) for p in permissions.grants(NAMES)[role].publish)
+
+
+def test_only_parser_sink_and_admin_read_raw() -> None:
+    readers = {role for role in permissions.ROLES
+               if may_publish(role, f"$JS.API.CONSUMER.CREATE.{NAMES.raw_stream}.c1.binlake.raw.>")
+               or may_publish(role, f"$JS.API.DIRECT.GET.{NAMES.raw_stream}")
+               or may_publish(role, f"$JS.API.STREAM.MSG.GET.{NAMES.raw_stream}")}
+    assert readers == {"parser", "sink", "admin"}
+    subscribers = {role for role in permissions.ROLES
+                   if any(matches(p, "binlake.raw.main.3.shop.t") for p in permissions.grants(NAMES)[role].subscribe)}
+    assert subscribers == {"admin"}
+
+
+def test_who_writes_what() -> None:
+    assert {r for r in permissions.ROLES if may_publish(r, "binlake.raw.main.shop.t")} == {"parser", "admin"}
+    assert {r for r in permissions.ROLES if may_publish(r, "binlake.cdc.main.shop.t")} == {"sink", "admin"}
+    assert {r for r in permissions.ROLES if may_publish(r, "$KV.binlake_cursors.sink.main.p14")} == \
+        {"sink", "meta", "admin"}
+    assert {r for r in permissions.ROLES if may_publish(r, "$KV.binlake_cursors.client.main.loader")} == \
+        {"meta", "admin"}
+    # A stream binlake does not own (one that sources RAW, say): the admin only.
+    assert {r for r in permissions.ROLES if may_publish(r, "$JS.API.STREAM.CREATE.COPY")} == {"admin"}
+    assert {r for r in permissions.ROLES if may_publish(r, f"$JS.API.STREAM.UPDATE.{NAMES.raw_stream}")} == \
+        {"parser", "sink", "admin"}
+
+
+def test_each_service_replies_only_into_its_own_inbox() -> None:
+    grants = permissions.grants(NAMES)
+    for role in ("parser", "sink", "store", "meta", "loader"):
+        assert grants[role].subscribe[0] == f"{permissions.inbox(role)}.>"
+        assert not any(matches(p, "_INBOX.x") or matches(p, f"{permissions.inbox('other')}.x")
+                       for p in grants[role].subscribe), role
+
+
+def test_a_client_acts_only_as_itself() -> None:
+    grant = permissions.client_grant(NAMES, "my app/ü")
+    assert any(matches(p, NAMES.store_client_rpc("main", "ack", "my app/ü")) for p in grant.publish)
+    assert not any(matches(p, NAMES.store_client_rpc("main", "ack", "other")) for p in grant.publish)
+    assert not any(matches(p, NAMES.store_rpc("main", "ack")) for p in grant.publish)
+    assert grant.subscribe == [f"{permissions.inbox('my app/ü')}.>"]
+
+
+def test_the_shipped_file_is_generated() -> None:
+    assert (ROOT / "deploy" / "nats" / "permissions.conf").read_text() == permissions.shipped()
+
+
+def test_make_env_writes_private_random_passwords_once(tmp_path: Path) -> None:
+    script = tmp_path / "make-env.sh"
+    script.write_bytes((ROOT / "deploy" / "make-env.sh").read_bytes())
+    subprocess.run(["sh", str(script)], check=True, capture_output=True)
+    env = tmp_path / ".env"
+    assert env.stat().st_mode & 0o777 == 0o600
+    values = dict(line.split("=", 1) for line in env.read_text().splitlines())
+    assert set(values) == {"MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD",
+                           *(f"BINLAKE_{r.upper()}_PASSWORD" for r in permissions.ROLES)}
+    assert all(len(v) == 32 and int(v, 16) >= 0 for v in values.values()) and len(set(values.values())) == 8
+    before = env.read_text()
+    again = subprocess.run(["sh", str(script)], check=True, capture_output=True, text=True)
+    assert env.read_text() == before and "kept" in again.stderr
+
+
+@pytest.mark.parametrize("inbox", ["", "_INBOX.", "a b", "_INBOX.>"])
+def test_a_bad_inbox_prefix_is_refused(inbox: str) -> None:
+    from shared.config import NatsSettings
+    from shared.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="BINLAKE_NATS_INBOX"):
+        NatsSettings(nats_inbox=inbox)
