@@ -1,10 +1,14 @@
 """The whole pipeline on a locked-down deployment: NATS with TLS and a user per service
-(`shared.permissions`), a source that only takes TLS. The changes arrive; what an app's user,
+(`shared.permissions`), a source that only takes TLS. The changes reach a client and the lake
+(`binlake verify` agrees, over TLS); what an app's user,
 or a service's user, tries beyond its role is refused by NATS, and the pipeline keeps its data."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,7 @@ from shared.rpc import RpcError
 from shared.store_client import StoreClient
 from shared.subjects import Names
 from tests.integration.certs import Certs, make_certs
-from tests.integration.support import ServiceProcess, parser_env, sink_env
+from tests.integration.support import ROOT, ServiceProcess, parser_env, sink_env, wait_until
 from tests.integration.test_mysql_tls import tls_only_server
 from tests.servers import MariaDB, NatsServer, start_nats
 
@@ -90,7 +94,7 @@ class Conn:
         return await self.violation(subject)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
         bus: NatsServer, mariadb_factory: Callable[..., MariaDB], certs: Certs, tmp_path: Path) -> None:
     source = tls_only_server(mariadb_factory, certs)
@@ -107,6 +111,8 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
     start("services.store", "store", sink_env(url))
     start("services.parser", "parser", parser_env(source, url, BINLAKE_SOURCE_URL=source_url, BINLAKE_START="earliest"))
     sink = start("services.sink", "sink", sink_env(url, BINLAKE_INSTANCE="s1"))
+    lake = {"BINLAKE_DATA_DIR": str(tmp_path / "data"), "BINLAKE_FLUSH_S": "1", "BINLAKE_MASTER": "local[2]"}
+    start("services.loader", "loader", sink_env(url, **lake))
     app = await Conn.open(url, login("app1", certs))
     try:
         client = StoreClient(app.nc, "app1", timeout_s=5)
@@ -116,7 +122,7 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
         assert seen == list(range(1, 51))
 
         # An app's user: no other client, no meta, no stream, bucket, RAW subject or other inbox.
-        for verb in ("rollback", "unsubscribe", "ack", "get"):
+        for verb in ("subscribe", "rollback", "unsubscribe", "ack", "get"):
             assert await app.refused_request(NAMES.store_client_rpc("main", verb, "loader"))
         assert await app.refused_request(NAMES.store_rpc("main", "subscribe"))
         assert await app.refused_request(NAMES.meta_rpc("cursor.put"),
@@ -147,6 +153,15 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
 
         source.execute(*(f"INSERT INTO shop.t VALUES ({i})" for i in range(51, 61)), ssl={"ca": str(certs.ca)})
         assert await _read_ids(client, 10, procs) == list(range(51, 61))
+        # The loader, as its user, landed it all: `binlake verify` (over TLS to the source) agrees.
+        verify_env = {**{k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}, **lake,
+                      "BINLAKE_SOURCE_URL": source_url}
+
+        def verified() -> bool:
+            out = subprocess.run([sys.executable, "-m", "services.loader.verify", "shop.t"], env=verify_env,
+                                 cwd=ROOT, capture_output=True, text=True, timeout=300)
+            return out.returncode == 0 and "OK    shop.t: 60 rows" in out.stdout
+        wait_until(verified, 300, "binlake verify to find shop.t equal", interval=5)
         assert sink.running and all(p.running for p in procs), "\n".join(p.output[-3000:] for p in procs)
     finally:
         await app.nc.close()
