@@ -1,7 +1,9 @@
 """MySQL/MariaDB connections: the `mysql://` URL, connection settings, and what an error means.
 
 One parser for every URL binlake takes (the source, meta's MySQL backend, `binlake verify`,
-the demo), and one translation of server error codes into typed errors that say what to do.
+the demo), one translation of server error codes into typed errors that say what to do, and
+the one quoting of identifiers (`mysql_quote`) with the `db.table` form the commands print
+(`display`) and take (`parse_name`).
 
 TLS is set in the URL's query, with the MySQL clients' option names:
 `mysql://u:pw@db:3306/?ssl-mode=VERIFY_CA&ssl-ca=/ca.pem[&ssl-cert=...&ssl-key=...]`.
@@ -203,3 +205,40 @@ def binlog_status_sql(version: str) -> str:
     if mariadb:
         return "SHOW BINLOG STATUS" if v >= (10, 5, 2) else "SHOW MASTER STATUS"
     return "SHOW BINARY LOG STATUS" if v >= (8, 2, 0) else "SHOW MASTER STATUS"
+
+
+# -- identifiers -----------------------------------------------------------------------------------
+
+_QUOTED = r"`((?:[^`]|``)*)`"
+
+
+def mysql_quote(ident: str) -> str:
+    """A MySQL identifier in backticks (backticks doubled)."""
+    return "`" + ident.replace("`", "``") + "`"
+
+
+def display(db: str, table: str) -> str:
+    """`db.table` as the commands print it (a part that is not a plain word in backticks)."""
+    return ".".join(p if re.fullmatch(r"\w+", p) else mysql_quote(p) for p in (db, table))
+
+
+def parse_name(text: str, known: set[tuple[str, str]]) -> tuple[str, str]:
+    """`db.table` -> (db, table); backticks quote a part, a dot inside an unquoted name must be known.
+
+    :param known: the (db, table) pairs that exist, to split `a.b.c` where only one split names one
+    """
+    if "`" in text:
+        part = rf"(?:{_QUOTED}|([^.`]+))"
+        m = re.fullmatch(rf"{part}\.{part}", text)
+        if m is None:
+            raise ConfigError(f"{text!r}: give a table as db.table, a part with a backtick or dot in `backticks`")
+        db_quoted, db, table_quoted, table = m.groups()
+        return (db if db_quoted is None else db_quoted.replace("``", "`"),
+                table if table_quoted is None else table_quoted.replace("``", "`"))
+    splits = [(text[:i], text[i + 1:]) for i, ch in enumerate(text) if ch == "."]
+    matches = [s for s in splits if s in known]
+    if len(matches) == 1 or (len(splits) == 1 and not matches):
+        return (matches or splits)[0]
+    if not splits:
+        raise ConfigError(f"{text!r}: give a table as db.table")
+    raise ConfigError(f"{text!r} is ambiguous: put the database and table names in `backticks`")

@@ -30,6 +30,7 @@ from services.loader.merges import Fold, tail_count_sql
 from services.loader.naming import TableNames, quote
 from services.loader.tables import KEY_PROP
 from shared.errors import BinlakeError, ConfigError
+from shared.mysql import display, parse_name
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def cmd_tables(spark: SparkSession, catalog: str, where: str) -> str:
     rows = []
     for names in found:
         s = status(spark, names)
-        rows.append([f"{names.db}.{names.table}", _ident(names, names.current_name),
+        rows.append([display(names.db, names.table), _ident(names, names.current_name),
                      _ident(names, names.changelog_name), str(s.rows), str(s.appended.batch), str(s.merged.batch),
                      str(s.tail)])
     return head + "\n" + render(["table", "current", "changelog", "rows", "seq", "merged", "tail"], rows)
@@ -108,9 +109,7 @@ def _as_text(df: DataFrame) -> DataFrame:
 
 
 def cmd_show(spark: SparkSession, catalog: str, table: str, limit: int, seq: int | None) -> str:
-    db, sep, name = table.partition(".")
-    if not sep:
-        raise ConfigError("give the table as db.table")
+    db, name = parse_name(table, {(n.db, n.table) for n in tables(spark, catalog)})
     names = TableNames(catalog, db, name)
     at = as_of(spark, names, seq)
     if at is None:
@@ -137,7 +136,7 @@ def cmd_as_of(spark: SparkSession, catalog: str, seq: int | None) -> str:
     out = [f"catalog {catalog} as of batch {batch}" + (" (the last committed batch)" if seq is None else "")]
     for names in tables(spark, catalog):
         at = as_of(spark, names, batch)
-        label = f"{names.db}.{names.table}"
+        label = display(names.db, names.table)
         if at is None or at.changelog_snapshot is None:
             out.append(f"\n-- {label}: no commit at or before batch {batch}")
             continue
@@ -157,7 +156,7 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("tables", help="every source table: lake identifiers, rows, markers, un-merged tail")
     show = sub.add_parser("show", help="a table's newest committed rows (or as of a batch)")
-    show.add_argument("table", help="db.table")
+    show.add_argument("table", help="db.table (`db`.`table` when a name holds a dot or a backtick)")
     show.add_argument("-n", "--limit", type=int, default=20, help="rows to print (default 20)")
     show.add_argument("--as-of", dest="seq", type=int, default=None, help="the table as of batch SEQ")
     at = sub.add_parser("as-of", help="every table as of one committed batch: snapshot ids and Spark SQL")

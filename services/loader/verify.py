@@ -53,7 +53,7 @@ from services.loader import live
 from services.loader.naming import quote
 from services.loader.types import spark_type
 from shared.errors import ConfigError
-from shared.mysql import TLS_CIPHER_SQL, MysqlUrl
+from shared.mysql import TLS_CIPHER_SQL, MysqlUrl, display, mysql_quote, parse_name
 from shared.mysql_types import BINARIES, INTEGERS, SPATIAL, TEXTS
 
 Cell: TypeAlias = int | float | str | bytes | tuple[str, ...] | None
@@ -74,11 +74,6 @@ _KINDS = {
     **{t: t for t in ("float", "double", "decimal", "date", "datetime", "timestamp", "time", "set", "json")},
 }
 _JSON_CHECK = re.compile(r"json_valid\(`((?:[^`]|``)*)`\)", re.IGNORECASE)
-
-
-def mysql_quote(ident: str) -> str:
-    """A MySQL identifier in backticks (backticks doubled)."""
-    return "`" + ident.replace("`", "``") + "`"
 
 
 # -- canonical cells -------------------------------------------------------------------------------
@@ -288,11 +283,6 @@ def show_row(columns: Sequence[Column], cells: Row, limit: int = 200) -> str:
     text = ", ".join(show(c, v) for c, v in zip(columns, cells, strict=True))
     text = f"({text}{',' if len(cells) == 1 else ''})"
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def display(db: str, table: str) -> str:
-    """`db.table` as the output prints it (a part that is not a plain word in backticks)."""
-    return ".".join(p if re.fullmatch(r"\w+", p) else mysql_quote(p) for p in (db, table))
 
 
 # -- the source --------------------------------------------------------------------------------------
@@ -630,27 +620,6 @@ def verify_table(spark: SparkSession, conn: Connection, catalog: str, db: str, t
 
 
 # -- which tables ------------------------------------------------------------------------------------
-
-_QUOTED = r"`((?:[^`]|``)*)`"
-
-
-def parse_name(text: str, known: set[tuple[str, str]]) -> tuple[str, str]:
-    """`db.table` -> (db, table); backticks quote a part, a dot inside an unquoted name must be known."""
-    if "`" in text:
-        part = rf"(?:{_QUOTED}|([^.`]+))"
-        m = re.fullmatch(rf"{part}\.{part}", text)
-        if m is None:
-            raise ConfigError(f"{text!r}: give a table as db.table, a part with a backtick or dot in `backticks`")
-        db_quoted, db, table_quoted, table = m.groups()
-        return (db if db_quoted is None else db_quoted.replace("``", "`"),
-                table if table_quoted is None else table_quoted.replace("``", "`"))
-    splits = [(text[:i], text[i + 1:]) for i, ch in enumerate(text) if ch == "."]
-    matches = [s for s in splits if s in known]
-    if len(matches) == 1 or (len(splits) == 1 and not matches):
-        return (matches or splits)[0]
-    if not splits:
-        raise ConfigError(f"{text!r}: give a table as db.table")
-    raise ConfigError(f"{text!r} is ambiguous: put the database and table names in `backticks`")
 
 
 def verify(spark: SparkSession, conn: Connection, catalog: str, names: Sequence[str] = (),

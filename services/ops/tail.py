@@ -14,6 +14,7 @@ import nats.js.errors
 from services.ops.common import nats_auth, nats_url, run
 from shared import envelope, jetstream
 from shared.errors import ConfigError
+from shared.mysql import parse_name
 from shared.ordered_reader import OrderedReader
 from shared.subjects import Names
 
@@ -35,11 +36,14 @@ def start_seq(spec: str, first: int, last: int) -> int:
     raise ConfigError(f"--from must be earliest, latest or a stream sequence, got {spec!r}")
 
 
+def table_subject(names: Names, source: str, table: str) -> str:
+    """The CDC subject of `db.table` as the command takes it (`db`.`table` for names with dots or backticks)."""
+    return names.cdc(source, *parse_name(table, set()))
+
+
 async def tail(url: str, prefix: str, source: str, table: str, frm: str, follow: bool, limit: int) -> int:
-    db, sep, name = table.partition(".")
-    if not sep:
-        raise ConfigError("give the table as db.table")
     names = Names(prefix)
+    subject = table_subject(names, source, table)
     nc = await jetstream.connect(url, name="binlake-tail", auth=nats_auth(), first_connect_s=3.0)
     printed = 0
     try:
@@ -48,7 +52,7 @@ async def tail(url: str, prefix: str, source: str, table: str, frm: str, follow:
             info = await js.stream_info(names.cdc_stream)
         except nats.js.errors.NotFoundError:
             raise ConfigError(f"stream {names.cdc_stream} does not exist yet; is a sink running?") from None
-        reader = OrderedReader(js, names.cdc_stream, names.cdc(source, db, name),
+        reader = OrderedReader(js, names.cdc_stream, subject,
                                start_seq(frm, info.state.first_seq, info.state.last_seq), 256)
         try:
             while limit <= 0 or printed < limit:
@@ -76,7 +80,7 @@ async def tail(url: str, prefix: str, source: str, table: str, frm: str, follow:
 
 def main() -> None:
     ap = argparse.ArgumentParser(prog="binlake tail", description=__doc__)
-    ap.add_argument("table", help="db.table")
+    ap.add_argument("table", help="db.table (`db`.`table` when a name holds a dot or a backtick)")
     ap.add_argument("--from", dest="frm", default="earliest", help="earliest (default), latest, or a stream seq")
     ap.add_argument("--no-follow", action="store_true", help="stop at the end instead of waiting for new events")
     ap.add_argument("-n", "--limit", type=int, default=0, help="stop after N events")

@@ -27,6 +27,7 @@ from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, TableNames
 from shared.errors import NatsUnavailable
 from shared.jetstream import server_urls
 from shared.meta_client import MetaClient
+from shared.mysql import display, mysql_quote
 from shared.rpc import RpcError
 from shared.store_client import StoreClient
 from tests.integration.support import ROOT, ServiceProcess, StoredMsg, read_stream_sync, wait_until
@@ -211,7 +212,7 @@ def assert_cells_equal(stack: Stack, table: str) -> None:
     try:
         with conn.cursor() as cur:
             cur.execute("SET SESSION time_zone = '+00:00'")
-            cur.execute(f"SELECT * FROM `{stack.db}`.`{table}`")
+            cur.execute(f"SELECT * FROM {mysql_quote(stack.db)}.{mysql_quote(table)}")
             names = [d[0] for d in cur.description]
             source = Counter(tuple(_cell(v) for v in row) for row in cur.fetchall())
     finally:
@@ -232,11 +233,10 @@ def run_verify_cli(stack: Stack, *tables: str) -> subprocess.CompletedProcess[st
                           capture_output=True, text=True, timeout=600)
 
 
-
-
 def assert_verify_equal(spark: Any, stack: Stack, tables: list[str]) -> None:
     """`binlake verify` (its own process) says OK for each table."""
-    out = run_verify_cli(stack, *(f"{stack.db}.{t}" for t in tables))
+    names = [display(stack.db, t) for t in tables]
+    out = run_verify_cli(stack, *names)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    for t in tables:
-        assert any(line.startswith(f"OK    {stack.db}.{t}:") for line in out.stdout.splitlines()), out.stdout
+    for name in names:
+        assert any(line.startswith(f"OK    {name}:") for line in out.stdout.splitlines()), out.stdout

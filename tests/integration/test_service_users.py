@@ -1,7 +1,7 @@
 """The whole pipeline on a locked-down deployment: NATS with TLS and a user per service
 (`shared.permissions`), a source that only takes TLS. The changes reach a client and the lake
-(`binlake verify` agrees, over TLS); what an app's user,
-or a service's user, tries beyond its role is refused by NATS, and the pipeline keeps its data."""
+(`binlake verify` agrees, over TLS); what an app's user, or a service's user, tries beyond its
+role is refused by NATS, and the pipeline keeps its data."""
 
 from __future__ import annotations
 

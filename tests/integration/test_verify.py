@@ -29,6 +29,7 @@ from services.loader import verify
 from services.loader.lake import Lake, MergePolicy
 from services.loader.spark import CatalogConfig, register
 from shared.errors import ConfigError
+from shared.mysql import display, mysql_quote
 from tests.integration.lake_feed import Feed
 from tests.integration.type_matrix import MATRIX
 from tests.servers import MariaDB
@@ -233,7 +234,7 @@ def test_keyless_table_compares_as_a_multiset(spark, lake, source, database):
 
 def test_names_with_backticks_spaces_dots_and_non_ascii(spark, lake, source, mariadb):
     db, table, key, col = f"t_{uuid.uuid4().hex[:8]} `x.ü", "we`ird t.ä", "c`ol .é", "v .ß"
-    q = verify.mysql_quote
+    q = mysql_quote
     execute(source, f"CREATE DATABASE {q(db)} CHARACTER SET utf8mb4")
     try:
         execute(source, f"CREATE TABLE {q(db)}.{q(table)} ({q(key)} VARCHAR(10) PRIMARY KEY, {q(col)} INT)",
@@ -242,7 +243,7 @@ def test_names_with_backticks_spaces_dots_and_non_ascii(spark, lake, source, mar
                 {"name": col, "type": "int", "nullable": True}]
         f = Feed(db, table)
         feed(lake, f.env("i", [{"after": {key: "ä`.", col: 1}}, {"after": {key: "b", col: 2}}], cols, [key]))
-        name = verify.display(db, table)
+        name = display(db, table)
         assert name == f"{q(db)}.{q(table)}"
         (result,) = verify.verify(spark, source, lake.catalog, [name])
         assert result.lines() == [f"OK    {name}: 2 rows"]
@@ -254,18 +255,6 @@ def test_names_with_backticks_spaces_dots_and_non_ascii(spark, lake, source, mar
                                   f"  key ('ä`.',): {q(col)} source=1 lake=7"]
     finally:
         execute(source, f"DROP DATABASE IF EXISTS {q(db)}")
-
-
-def test_table_names_given_on_the_command_line():
-    known = {("a.b", "c"), ("a", "x")}
-    assert verify.parse_name("a.b.c", known) == ("a.b", "c")
-    assert verify.parse_name("a.x", known) == ("a", "x")
-    assert verify.parse_name("new.t", known) == ("new", "t")
-    assert verify.parse_name("`a.b`.`c`", set()) == ("a.b", "c")
-    assert verify.parse_name("`x``y`.z", set()) == ("x`y", "z")
-    for bad in ("nodot", "p.q.r", "`a.b"):
-        with pytest.raises(ConfigError):
-            verify.parse_name(bad, known)
 
 
 def test_source_url_comes_from_the_environment_or_what_binlake_up_recorded(tmp_path):

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from services.launcher.demo import fold
+from services.loader import lakecli
+from services.loader.iceberg import Marker
 from services.loader.lakecli import render
+from services.loader.naming import TableNames
+from shared.errors import ConfigError
+from shared.mysql import display
 
 COLUMNS = ["id", "v"]
 
@@ -40,3 +47,32 @@ def test_fold_applies_the_tail_in_source_order():
 
 def test_fold_keeps_untouched_rows():
     assert fold([{"id": 1, "v": "a"}], [], COLUMNS, ["id"]) == {(1,): {"id": 1, "v": "a"}}
+
+
+# -- table names -------------------------------------------------------------------------------------
+
+HOSTILE = ("t_1 `x.\"ü'*>%$", "we`ird \"t'.ä*>%$")
+
+
+def test_show_takes_names_with_dots_and_backticks(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[TableNames] = []
+
+    def as_of(spark: Any, names: TableNames, seq: int | None = None) -> None:
+        asked.append(names)
+
+    monkeypatch.setattr(lakecli, "tables", lambda spark, catalog: [TableNames(catalog, *HOSTILE),
+                                                                   TableNames(catalog, "a.b", "c")])
+    monkeypatch.setattr(lakecli, "as_of", as_of)
+    for text in (display(*HOSTILE), "a.b.c", "`a.b`.c"):
+        with pytest.raises(ConfigError, match="has no table"):
+            lakecli.cmd_show(None, "lake", text, 5, None)  # type: ignore[arg-type]
+    assert [(n.db, n.table) for n in asked] == [HOSTILE, ("a.b", "c"), ("a.b", "c")]
+
+
+def test_tables_prints_names_as_show_takes_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lakecli, "tables", lambda spark, catalog: [TableNames(catalog, *HOSTILE),
+                                                                   TableNames(catalog, "shop", "orders")])
+    monkeypatch.setattr(lakecli, "last_batch", lambda spark, catalog: 7)
+    monkeypatch.setattr(lakecli, "status", lambda spark, names: lakecli.TableStatus(names, 1, Marker(), Marker(), 0))
+    lines = lakecli.cmd_tables(None, "lake", "/wh").splitlines()  # type: ignore[arg-type]
+    assert lines[3].startswith(display(*HOSTILE) + "  ") and lines[4].startswith("shop.orders  ")

@@ -14,6 +14,7 @@ from typing import Any
 
 from services.parser import values as v
 from services.parser.columns import Column, TableSchema, build_column
+from shared.mysql import mysql_quote as quote
 from shared.mysql_types import BINARIES
 
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
@@ -116,10 +117,6 @@ def choose_key(columns: tuple[Column, ...],
         if name != "PRIMARY" and int(rows[0]["NON_UNIQUE"]) == 0 and usable(rows):
             return pk, tuple(str(r["COLUMN_NAME"]) for r in rows), "unique"
     return pk, (), "none"
-
-
-def quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def placeholder(col: Column) -> str:

@@ -15,9 +15,9 @@ import asyncmy
 import asyncmy.converters
 import asyncmy.errors
 
-from services.parser.snapshot.catalog import quote
 from shared.errors import MissingPrivilege, SourceMisconfigured
 from shared.mysql import MysqlUrl, binlog_status_sql, map_mysql_error
+from shared.mysql import mysql_quote as quote
 
 # Python -> SQL encoders only: without decoders every value arrives as the server's bytes.
 ENCODERS_ONLY = {k: f for k, f in asyncmy.converters.conversions.items() if not isinstance(k, int)}

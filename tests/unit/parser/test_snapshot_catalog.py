@@ -19,7 +19,6 @@ from services.parser.snapshot.catalog import (
     keyset_params,
     members,
     placeholder,
-    quote,
 )
 
 UTF8 = "utf8mb4_general_ci"
@@ -360,11 +359,6 @@ def test_non_unique_flag_as_text() -> None:
 
 
 # -- keyset SQL ------------------------------------------------------------------------------------
-
-
-def test_quote_doubles_backticks() -> None:
-    assert quote("a`b") == "`a``b`"
-    assert quote("plain") == "`plain`"
 
 
 def test_chunk_sql_without_key_reads_the_whole_table() -> None:

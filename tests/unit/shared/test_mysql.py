@@ -8,7 +8,7 @@ import pymysql
 import pytest
 
 from shared.errors import AccessDenied, BinlogPurged, ConfigError, DecodeError, MissingPrivilege, SourceUnavailable
-from shared.mysql import MysqlUrl, binlog_status_sql, map_mysql_error, server_version
+from shared.mysql import MysqlUrl, binlog_status_sql, display, map_mysql_error, mysql_quote, parse_name, server_version
 
 
 def test_a_full_url_with_quoted_user_and_password() -> None:
@@ -104,3 +104,31 @@ def test_tls_options_in_the_url(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot be used"):
         MysqlUrl.parse(f"mysql://u@h/?ssl-ca={tmp_path}/missing.pem").ssl_context()
     assert "p@" not in str(MysqlUrl.parse("mysql://u:p@h/?ssl-mode=REQUIRED"))
+
+
+# -- identifiers -----------------------------------------------------------------------------------
+
+
+def test_quote_doubles_backticks() -> None:
+    assert mysql_quote("a`b") == "`a``b`"
+    assert mysql_quote("plain") == "`plain`"
+    assert mysql_quote("we`ird \"t'.ä*>%$") == "`we``ird \"t'.ä*>%$`"
+
+
+def test_table_names_given_on_the_command_line() -> None:
+    known = {("a.b", "c"), ("a", "x")}
+    assert parse_name("a.b.c", known) == ("a.b", "c")
+    assert parse_name("a.x", known) == ("a", "x")
+    assert parse_name("new.t", known) == ("new", "t")
+    assert parse_name("`a.b`.`c`", set()) == ("a.b", "c")
+    assert parse_name("`x``y`.z", set()) == ("x`y", "z")
+    for bad in ("nodot", "p.q.r", "`a.b"):
+        with pytest.raises(ConfigError):
+            parse_name(bad, known)
+
+
+def test_a_printed_name_reads_back() -> None:
+    for db, table in (("shop", "orders"), ("t_1 `x.\"ü'*>%$", "we`ird \"t'.ä*>%$"), ("a.b", "c"), ("shop", "x y")):
+        assert parse_name(display(db, table), set()) == (db, table)
+    assert display("shop", "orders") == "shop.orders"
+    assert display("a.b", "c") == "`a.b`.c"
