@@ -156,8 +156,8 @@ class PartitionWorker:
                 self._check_columns(db or "", table, env)
             try:
                 shaped = self._rules.apply(env, table_rules)
-            except (TypeError, KeyError, AttributeError, ValueError) as exc:  # rows not shaped as DESIGN §4
-                raise envelope.EnvelopeError(f"the sink rules cannot apply to its rows: {exc!r}") from exc
+            except (TypeError, KeyError, AttributeError, ValueError) as exc:  # rows or `alter` not shaped as DESIGN §4
+                raise envelope.EnvelopeError(f"the sink rules cannot apply to its rows or DDL: {exc!r}") from exc
             if shaped is None:
                 self._filtered.inc(partition=self._p)
                 return None

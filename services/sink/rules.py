@@ -13,6 +13,17 @@ rule written the way the source's SQL spells a name never misses it in the binlo
 
 Primary-key columns are never dropped, so every row stays addressable downstream. A masked
 value never leaves this module in clear text.
+
+DDL envelopes get the same column rules, in the structured `alter` description the loader
+creates and alters lake tables from (`services/parser/alter.py` `describe`): a column the
+rules drop is not in a CREATE TABLE's `columns`, and no op brings it in (`_reshape_op`); a
+masked column keeps its name and gets the type the rows' schema gives it, and the value an
+ADD or MODIFY gives existing rows (`default`) is masked as a row's value is. The statement
+text (`ddl`) travels as the source wrote it, and the lake keeps it in the changelog's
+`_binlake_ddl`: it is the record of what the source ran, and it names the columns the rules
+drop and carries DEFAULT literals. The rules protect the values of rows, not a table's
+column names; redacting the text would mean rewriting SQL into a statement the source never
+ran. Keep secrets out of column names and DEFAULTs.
 """
 
 from __future__ import annotations
@@ -74,6 +85,11 @@ class TableRules:
     @property
     def rewrites(self) -> bool:
         return self.include is not None or bool(self.exclude) or bool(self.masks)
+
+    def keeps(self, name: str) -> bool:
+        """Whether the column rules keep `name` (key columns are kept whatever this says)."""
+        folded = name.casefold()
+        return (self.include is None or folded in self.include) and folded not in self.exclude
 
     def missing(self, columns: Iterable[str]) -> list[str]:
         """Columns the rules name that the table does not have (a typo would silently mask nothing)."""
@@ -176,7 +192,11 @@ class Rules:
         op = env["op"]
         if op in self.skip_ops:
             return None
-        if not table_rules.rewrites or op not in ROW_OPS:
+        if not table_rules.rewrites:
+            return env
+        if op == "ddl":
+            return _reshape_ddl(env, table_rules, self.salt)
+        if op not in ROW_OPS:
             return env
         pk = set(env.get("pk") or ())
         keep = _kept_columns(env, table_rules, pk)
@@ -220,9 +240,7 @@ def _kept_columns(env: dict[str, Any], rules: TableRules, pk: set[str]) -> froze
     if not names and env["rows"]:
         first = env["rows"][0]
         names = list((first.get("after") or first.get("before") or {}).keys())
-    kept = {n for n in names if (rules.include is None or n.casefold() in rules.include)
-            and n.casefold() not in rules.exclude}
-    return frozenset(kept | pk)
+    return frozenset({n for n in names if rules.keeps(n)} | pk)
 
 
 def _reshape(values: dict[str, Any], keep: frozenset[str] | None, masks: Mapping[str, Mask],
@@ -236,18 +254,86 @@ def _reshape(values: dict[str, Any], keep: frozenset[str] | None, masks: Mapping
     return out
 
 
+def _reshape_column(col: dict[str, Any], mask: Mask | None) -> dict[str, Any]:
+    """A column description as its masked values make it: a string, unless truncated and already one."""
+    if mask is None or "type" not in col:  # not masked, or a type binlake cannot map (`unknown`)
+        return col
+    col = {**col, "masked": mask.method}
+    if mask.method != "truncate" or col["type"] not in _TRUNCATABLE:
+        col = {k: v for k, v in col.items() if k not in ("precision", "scale", "fsp", "unsigned", "values")}
+        col["type"] = "varchar"
+    return col
+
+
 def _reshape_schema(schema: dict[str, Any], keep: frozenset[str] | None, masks: Mapping[str, Mask]) -> dict[str, Any]:
-    columns = []
-    for col in schema.get("columns", []):
-        if keep is not None and col["name"] not in keep:
-            continue
-        mask = masks.get(col["name"].casefold())
-        if mask is not None:
-            col = {**col, "masked": mask.method}
-            if mask.method != "truncate" or col["type"] not in _TRUNCATABLE:
-                col = {k: v for k, v in col.items() if k not in ("precision", "scale", "fsp", "unsigned", "values")}
-                col["type"] = "varchar"
-        columns.append(col)
+    columns = [_reshape_column(col, masks.get(col["name"].casefold())) for col in schema.get("columns", [])
+               if keep is None or col["name"] in keep]
     # A reshaped table has a schema of its own, so it gets an id of its own.
     sid = hashlib.blake2b(repr(columns).encode(), digest_size=8).hexdigest()
     return {**schema, "columns": columns, "id": sid}
+
+
+@dataclass(frozen=True)
+class _DdlRules:
+    """The column rules as one DDL statement sees them."""
+
+    rules: TableRules
+    key: frozenset[str]  # casefolded: the primary key columns the statement names
+    salt: bytes
+
+    def keeps(self, name: str) -> bool:
+        return name.casefold() in self.key or self.rules.keeps(name)
+
+    def column(self, col: dict[str, Any]) -> dict[str, Any]:
+        return _reshape_column(col, self.rules.masks.get(str(col["name"]).casefold()))
+
+
+def _reshape_ddl(env: dict[str, Any], rules: TableRules, salt: bytes) -> dict[str, Any]:
+    """A DDL envelope whose `alter` adds no column the rules drop, with masked columns as the rows have them.
+
+    The key columns are those the statement names (CREATE TABLE's key, ADD PRIMARY KEY): the
+    sink keeps no state between messages, so a key from an earlier statement is not known here.
+    """
+    alter = env.get("alter")
+    if not isinstance(alter, dict):
+        return env  # no structured description: the loader applies nothing of it
+    ops = list(alter.get("ops") or [])
+    key = [*(alter.get("pk") or []), *(c for op in ops if op.get("op") == "primary_key" for c in op["columns"])]
+    ddl = _DdlRules(rules, frozenset(str(c).casefold() for c in key), salt)
+    shaped = dict(alter)
+    if alter.get("columns") is not None:
+        shaped["columns"] = [ddl.column(c) for c in alter["columns"] if ddl.keeps(str(c["name"]))]
+    if ops:
+        shaped["ops"] = [out for op in ops for out in _reshape_op(op, ddl)]
+    return env if shaped == alter else {**env, "alter": shaped}
+
+
+def _reshape_op(op: dict[str, Any], ddl: _DdlRules) -> list[dict[str, Any]]:
+    """One `alter` op under the column rules: none brings a column the rules drop into the lake.
+
+    An op that only moves or removes a column stays, because the lake may hold a column the
+    rules drop: a key column (rows always carry the key), or one loaded before the rule. For a
+    column the lake lacks it does nothing. So a DROP stays; a RENAME or CHANGE of a kept column
+    to a dropped name becomes the DROP of the old name; one between two dropped names stays a
+    rename; ADD and MODIFY of a dropped column go (a key column's new type comes with its rows).
+    """
+    kind = op.get("op")
+    if kind not in ("add", "modify", "rename"):
+        return [op]  # drop, (drop_)primary_key, rename_table
+    new = str(op["new"] if kind == "rename" else (op["column"]["name"] if "column" in op else op["name"]))
+    if not ddl.keeps(new):
+        old = str(op.get("old", new))
+        if kind == "add" or old.casefold() == new.casefold():
+            return []
+        return [{"op": "drop", "name": old} if ddl.keeps(old) else {"op": "rename", "old": old, "new": new}]
+    if kind == "rename":
+        return [op]
+    out = dict(op)
+    if "column" in op:
+        out["column"] = ddl.column(op["column"])
+    mask = ddl.rules.masks.get(new.casefold())
+    if mask is not None and "default" in op:
+        out["default"] = mask.apply(op["default"], ddl.salt)  # what existing rows get: masked like theirs
+    if "after" in op and not ddl.keeps(str(op["after"])):
+        del out["after"]  # after a column the lake does not have: at the end
+    return [out]

@@ -11,6 +11,7 @@ Spark is slow on a small box: the timeouts are generous on purpose.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import pyarrow as pa
 import pytest
 
 from shared import keys
@@ -167,7 +169,13 @@ class LakeWorkload:
 def stack(mariadb: MariaDB, database: str, nats_url: str, parser: ServiceProcess, sink_factory: ServiceFactory,
           service_factory: ServiceFactory, tmp_path: Path) -> Stack:
     """parser + one sink + meta + store running (no loader yet)."""
-    sink_factory("sink")
+    return start_stack(mariadb, database, nats_url, sink_factory, service_factory, tmp_path)
+
+
+def start_stack(mariadb: MariaDB, database: str, nats_url: str, sink_factory: ServiceFactory,
+                service_factory: ServiceFactory, tmp_path: Path, **sink_env: str) -> Stack:
+    """One sink (its settings in `sink_env`) + meta + store, for a running parser."""
+    sink_factory("sink", **sink_env)
     meta = service_factory("services.meta", "meta")
     store = service_factory("services.store", "store")
     wait_until(lambda: services_answer(nats_url), 60, "meta and store to answer", interval=0.5)
@@ -327,3 +335,57 @@ def test_a_loader_that_loses_its_lease_waits_as_standby_and_takes_over_again(sta
     assert_cells_equal(stack, "t")
     assert loader.running and len(stack.loaders) == 1
     assert loader.output.count('"lease.acquired"') == 2, loader.output[-4000:]
+
+
+@pytest.mark.timeout(900)
+def test_columns_a_sink_rule_drops_never_reach_the_lake(mariadb, database, nats_url, parser, sink_factory,
+                                                        service_factory, tmp_path):
+    """Issue 14: the sink's column rules reach the DDL the loader builds lake tables from, so an excluded
+    column is no lake column (not even an empty one, after CREATE TABLE or ADD COLUMN), a `_binlake_*`
+    column the lake refuses loads once excluded, and a masked INT is a string column from the start."""
+    db = database
+    q = f"`{db}`"
+    stack = start_stack(mariadb, db, nats_url, sink_factory, service_factory, tmp_path,
+                        BINLAKE_COLUMNS_EXCLUDE=json.dumps({f"{db}.t": ["secret", "secret2"],
+                                                            f"{db}.book": ["_binlake_x"]}),
+                        BINLAKE_MASKS=json.dumps({f"{db}.t": {"n": "replace:x", "m": "replace:y"}}),
+                        BINLAKE_MASK_SALT="salt")
+    stack.start_loader()
+    mariadb.execute(f"CREATE TABLE {q}.t (id INT PRIMARY KEY, v VARCHAR(20), secret VARCHAR(40), n INT)",
+                    f"CREATE TABLE {q}.book (id INT PRIMARY KEY, _binlake_x INT, v INT)",
+                    f"INSERT INTO {q}.t VALUES (1, 'a', 'clear-1', 10), (2, 'b', 'clear-2', 20)",
+                    f"INSERT INTO {q}.book VALUES (1, 7, 70), (2, 8, 80)")
+    stack.wait_loaded(max(m.seq for m in stack.wait_cdc(4)))
+    stack.wait_merged(["t", "book"])
+    lake = stack.current("t")
+    assert lake is not None and lake.column_names == ["id", "v", "n"]
+    assert lake.schema.field("n").type == pa.string()  # the CREATE gave the masked column the rows' type
+    assert sorted(lake.to_pylist(), key=lambda r: r["id"]) == [{"id": 1, "v": "a", "n": "x"},
+                                                               {"id": 2, "v": "b", "n": "x"}]
+    book = stack.current("book")
+    assert book is not None and book.column_names == ["id", "v"]
+    assert sorted(book.to_pylist(), key=lambda r: r["id"]) == [{"id": 1, "v": 70}, {"id": 2, "v": 80}]
+
+    mariadb.execute(f"ALTER TABLE {q}.t ADD COLUMN secret2 VARCHAR(40) NOT NULL DEFAULT 'clear-default' AFTER v",
+                    f"ALTER TABLE {q}.t ADD COLUMN m INT NOT NULL DEFAULT 5 AFTER secret",
+                    f"INSERT INTO {q}.t VALUES (3, 'c', 'clear-s2', 'clear-3', 6, 30)",  # id v secret2 secret m n
+                    f"UPDATE {q}.t SET secret2 = 'clear-changed', v = 'a!' WHERE id = 1",
+                    f"ALTER TABLE {q}.t DROP COLUMN secret")
+    stack.wait_loaded(max(m.seq for m in stack.wait_cdc(6)))
+    stack.wait_merged(["t"])
+    lake = stack.current("t")
+    assert lake is not None and lake.column_names == ["id", "v", "n", "m"]
+    # Existing rows got the ADD's DEFAULT masked, as their values are when they change.
+    assert sorted(lake.to_pylist(), key=lambda r: r["id"]) == [{"id": 1, "v": "a!", "n": "x", "m": "y"},
+                                                               {"id": 2, "v": "b", "n": "x", "m": "y"},
+                                                               {"id": 3, "v": "c", "n": "x", "m": "y"}]
+    log = stack.changelog("t")
+    assert log is not None
+    assert not [c for c in log.column_names if "secret" in c or c.startswith("_binlake_was_")], log.column_names
+    flat = json.dumps(log.drop_columns(["_binlake_ddl", "_binlake_ts"]).to_pylist())
+    assert "clear" not in flat
+    # The DDL itself is in the changelog as the source ran it (services/sink/rules.py says why).
+    ddl = [r["_binlake_ddl"] for r in sorted(log.to_pylist(), key=lambda r: r["_binlake_seq"])
+           if r["_binlake_op"] == "ddl"]
+    assert len(ddl) == 4 and "secret" in ddl[0] and "clear-default" in ddl[1], ddl
+    assert stack.loader.running

@@ -136,9 +136,7 @@ class Config:
     def image(self, table: str, values: dict[str, Any]) -> dict[str, Any]:
         out = {}
         for name, value in values.items():
-            if name == "notes":
-                continue
-            if table == "orders" and self.orders_include is not None and name not in self.orders_include | {"id"}:
+            if not self.kept(table, name):
                 continue
             if table == "users" and value is not None:
                 if name == "ssn":
@@ -151,6 +149,17 @@ class Config:
                     value = value[:9]
             out[name] = value
         return out
+
+    def kept(self, table: str, name: str) -> bool:
+        if name == "notes":
+            return False
+        return table != "orders" or self.orders_include is None or name in self.orders_include | {"id"}
+
+    def ddl_columns(self, table: str, columns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A CREATE TABLE's `alter.columns` as the lake must get them: the rows' columns, masked as theirs."""
+        masks = {"ssn": "hash", "email": "replace", "card": "truncate", "bio": "truncate"} if table == "users" else {}
+        return [{**c, "masked": masks[c["name"]]} if c["name"] in masks else c for c in columns
+                if self.kept(table, c["name"])]
 
     def expected(self, raw: dict[str, Any]) -> dict[str, Any]:
         """The CDC envelope of a forwarded raw row event, minus `schema` (checked separately)."""
@@ -202,6 +211,12 @@ def assert_cdc_matches(cfg: Config, raw: list[RawMsg], cdc: list[RawMsg], db: st
             for row in out["rows"]:
                 for image in row.values():
                     assert list(image) == [col["name"] for col in out["schema"]["columns"]]
+        elif env["op"] == "ddl" and env["alter"]["kind"] == "create":
+            # every table has a column rule: the CREATE TABLE the loader builds the lake table from has the
+            # rows' columns (issue 14); the statement text is the source's
+            assert {k: v for k, v in out.items() if k != "alter"} == {k: v for k, v in env.items() if k != "alter"}
+            assert out["alter"] == {**env["alter"], "columns": cfg.ddl_columns(env["table"], env["alter"]["columns"])}
+            assert "notes" in out["ddl"] and "notes" not in [col["name"] for col in out["alter"]["columns"]]
         else:
             assert c.data == r.data, "an event without rewrite rules travels as the original bytes"
         for key in ("Binlake-Op", "Binlake-Table", "Binlake-Pos", "Binlake-Rows"):
