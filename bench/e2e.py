@@ -39,6 +39,7 @@ from services.launcher import login
 from services.launcher.app import DURABLE, child_env, services
 from services.launcher.config import LauncherConfig
 from services.launcher.servers import MariaDB, free_port, start_mariadb, start_nats
+from services.ops import init
 from shared import jetstream
 from shared.config import NatsSettings
 from shared.ordered_reader import OrderedReader
@@ -385,6 +386,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             f"CREATE TABLE `{DB}`.`{t}` (id BIGINT PRIMARY KEY, a INT, b VARCHAR(40), c DECIMAL(12,2), d DATETIME(3))"
             for t in TABLES))
         env = child_env(cfg, workdir / "data", nats.url, mariadb.dsn())
+        asyncio.run(init.init(nats.url, login.admin(workdir / "data"), env))
         env.update(BINLAKE_START="current", BINLAKE_LOG_LEVEL="warning")
         loader_port = free_port()
         logs = workdir / "logs"
@@ -403,7 +405,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         pids["bench"] = os.getpid()
         wait_for_loader(logs / "loader.log", procs[-1])
         tables = {t: Table(t) for t in TABLES}
-        admin = NatsSettings(nats_user=login.ADMIN, nats_password=login.password(workdir / "data"))
+        admin = login.admin(workdir / "data")
         steps = asyncio.run(measure(args, mariadb, nats.url, tables, loader_port, pids, admin))
         best = max((s.target for s in steps if s.sustainable), default=0.0)
         print(f"highest sustainable rate: {best:,.0f} rows/s; source bulk write rate {bulk:,.0f} rows/s; "

@@ -11,6 +11,7 @@ COMMANDS = {
     "meta": ("services.meta.__main__", "main", "cursors, rewind and schema history (--backend kv|mysql)"),
     "store": ("services.store.__main__", "main", "serve get/ack/rollback batches of BINLAKE_CDC to clients"),
     "loader": ("services.loader.__main__", "main", "load BINLAKE_CDC into Spark lake tables (--master ...)"),
+    "init": ("services.ops.init", "main", "create every stream and bucket as NATS admin (per-service users)"),
     "status": ("services.ops.status", "main", "positions, lag, partition owners, clients, stream sizes"),
     "tail": ("services.ops.tail", "main", "print a table's change events as JSON lines"),
     "rewind": ("services.ops.rewind", "main", "move a client back to a timestamp or binlog position"),

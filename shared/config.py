@@ -136,7 +136,7 @@ def check_replicas(replicas: int) -> int:
     return replicas
 
 
-_INBOX = re.compile(r"[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*")
+_INBOX = re.compile(r"_INBOX(_[A-Za-z0-9%_-]+)?")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,8 +164,8 @@ class NatsSettings:
 
     def __post_init__(self) -> None:
         if not _INBOX.fullmatch(self.nats_inbox):
-            raise ConfigError(f"BINLAKE_NATS_INBOX={self.nats_inbox!r} must be subject tokens of "
-                              "[A-Za-z0-9_$-] joined by dots, e.g. _INBOX_loader")
+            raise ConfigError(f"BINLAKE_NATS_INBOX={self.nats_inbox!r} must be _INBOX or _INBOX_<user> "
+                              "(letters, digits, _, - or %), e.g. _INBOX_loader: services answer only inboxes")
         methods = [name for name, on in (("BINLAKE_NATS_USER/_PASSWORD", self.nats_user or self.nats_password),
                                          ("BINLAKE_NATS_TOKEN", self.nats_token),
                                          ("BINLAKE_NATS_CREDS", self.nats_creds),

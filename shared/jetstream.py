@@ -236,15 +236,23 @@ async def ensure_streams(js: JetStreamContext, names: Names, partitions: int, re
 
 async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl_s: float | None = None, history: int = 1,
                     replicas: int = 1) -> KeyValue:
-    """The bucket, created with `replicas` copies when it does not exist yet."""
+    """The bucket, created with `replicas` copies when it does not exist yet.
+
+    Created without rollup headers: with them, one put of a writer's own key carrying
+    `Nats-Rollup: all` would purge every other key of the bucket (binlake never purges).
+    """
     with nats_errors(f"bucket {bucket}"):
         try:
             return await js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
-            return await js.create_key_value(
+            kv = await js.create_key_value(
                 KeyValueConfig(bucket=bucket, ttl=ttl_s, history=history, storage=StorageType.FILE,
                                replicas=replicas)
             )
+            info = await js.stream_info(kv_stream(bucket))
+            if info.config.allow_rollup_hdrs:
+                await js.update_stream(dataclasses.replace(info.config, allow_rollup_hdrs=False))
+            return kv
 
 
 async def last_msg(js: JetStreamContext, stream: str, subject: str) -> RawStreamMsg | None:

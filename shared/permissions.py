@@ -2,13 +2,15 @@
 
 NATS enforces it, not binlake: each role's user may publish and subscribe only on the subjects
 listed here (its streams' JetStream API, its own KV keys, its own RPC subjects, its own reply
-inbox `_INBOX_<user>`). In particular only `parser` and `sink` can read BINLAKE_RAW (every
-database, unmasked), only the sink writes BINLAKE_CDC, no role but `admin` can create a stream
-binlake does not own (one that sources RAW, say), and a store client user (`client_user`) acts
-only as itself. `binlake up` runs its NATS with `server_config`; deploy/nats/permissions.conf
-is `server_config` with the passwords taken from nats-server's environment.
+inbox `_INBOX_<user>`). Only `admin` may create or update a stream or bucket: whoever may
+define one can add a source, a subject or a republish to it, and so read or write any other
+stream; `binlake init` (run by `binlake up` and the compose files' `init` service) defines them
+all first. Only `parser` and `sink` can read BINLAKE_RAW (every database, unmasked), only the
+sink writes BINLAKE_CDC, and a store client user (`client_grant`) acts only as itself.
+`binlake up` runs its NATS with `server_config`; deploy/nats/permissions.conf is `shipped()`.
 
-Roles are not limited per source (a deployment's sources share a role's user).
+Roles are not limited per source (a deployment's sources share a role's user), and meta trusts
+the keys its callers name (the store's user may write any cursor through meta).
 """
 
 from __future__ import annotations
@@ -45,15 +47,12 @@ class Grant:
                          f"$JS.ACK.{stream}.>", f"$JS.FC.{stream}.>"]
         return self
 
-    def define(self, stream: str) -> Grant:
-        """Create the stream when missing and update its settings (retention, atomic batches)."""
-        self.publish += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.CREATE.{stream}",
-                         f"$JS.API.STREAM.UPDATE.{stream}"]
-        return self
-
-    def bucket(self, bucket: str, writes: Iterable[str] = ()) -> Grant:
-        """Read a KV bucket, create it when missing, and write (put, delete, purge) the keys `writes`."""
-        self.read(kv_stream(bucket)).define(kv_stream(bucket))
+    def bucket(self, bucket: str, writes: Iterable[str] = (), *, read: bool = True) -> Grant:
+        """Read a KV bucket (or, `read=False`, only find it) and write (put, delete) the keys `writes`."""
+        if read:
+            self.read(kv_stream(bucket))
+        else:
+            self.publish.append(f"$JS.API.STREAM.INFO.{kv_stream(bucket)}")
         self.publish += [f"$KV.{bucket}.{key}" for key in writes]
         return self
 
@@ -64,7 +63,9 @@ class Grant:
 
         lines = [f"publish: {block(self.publish)}", f"subscribe: {block(self.subscribe)}"]
         if self.responses:
-            lines.append("allow_responses: true")
+            # Any number of messages per request (a large store batch is sent in parts), for
+            # as long as a long-poll `get` may wait.
+            lines.append("allow_responses: { max: -1, expires: \"10m\" }")
         return "{\n" + "".join(f"{indent}  {line}\n" for line in lines) + indent + "}"
 
 
@@ -81,21 +82,21 @@ def grants(names: Names) -> dict[str, Grant]:
     raw, cdc, dlq, p = names.raw_stream, names.cdc_stream, names.dlq_stream, names.prefix
     cursors, leases, members, schema = (names.cursors_bucket, names.leases_bucket, names.members_bucket,
                                         names.schema_bucket)
-    parser = (_service("parser").read(raw).define(raw)
-              .bucket(leases, ["parser.>"]).bucket(cursors, ["parser.>", "snapshot.>"]))
+    parser = _service("parser").read(raw).bucket(leases, ["parser.>"]).bucket(cursors, ["parser.>", "snapshot.>"])
     parser.publish += [names.raw_all, names.meta_rpc("schema.add")]
-    sink = (_service("sink").read(raw).define(raw).read(cdc).define(cdc).define(dlq)
-            .bucket(members, ["sink.>"]).bucket(cursors, ["sink.>"]))
-    sink.publish += [names.cdc_all, names.dlq_all]
-    store = _service("store").read(cdc).define(cdc)
+    sink = _service("sink").read(raw).read(cdc).bucket(members, ["sink.>"]).bucket(cursors, ["sink.>"])
+    sink.publish += [names.cdc_all, names.dlq_all, f"$JS.API.STREAM.INFO.{dlq}"]
+    store = _service("store").read(cdc)
     store.publish += [names.meta_rpc(verb) for verb in ("cursor.get", "cursor.put", "cursor.delete", "rewind")]
     store.subscribe += [f"{p}.store.>"]
     store.responses = True
-    meta = _service("meta").read(cdc).define(cdc).bucket(cursors, [">"]).bucket(schema, [">"])
+    meta = _service("meta").read(cdc).bucket(cursors, [">"]).bucket(schema, [">"])
     meta.subscribe += [f"{p}.meta.>"]
     meta.responses = True
+    # It asks for a table to be read again (a snapshot request); it reads no cursor: snapshot
+    # progress holds primary-key values.
     loader = (client_grant(names, "loader", user="loader").bucket(leases, ["loader.>"])
-              .bucket(cursors, ["snapshot.*.request.>"]))  # it asks for a table to be read again
+              .bucket(cursors, ["snapshot.*.request.>"], read=False))
     loader.publish += ["$JS.API.INFO"]
     admin = Grant(publish=[">"], subscribe=[">"], responses=True)
     return {"parser": parser, "sink": sink, "store": store, "meta": meta, "loader": loader, "admin": admin}
@@ -126,8 +127,9 @@ SHIPPED_HEADER = """\
 # BINLAKE_<ROLE>_PASSWORD for the roles parser, sink, store, meta, loader and admin.
 #
 # Each service connects as its role: BINLAKE_NATS_USER=<role>, BINLAKE_NATS_PASSWORD(_FILE),
-# BINLAKE_NATS_INBOX=_INBOX_<role>. `admin` is for the operator's commands (binlake status,
-# tail, snapshot, rewind) and the nats CLI. Only parser and sink read BINLAKE_RAW.
+# BINLAKE_NATS_INBOX=_INBOX_<role>. `admin` is for the operator's commands (binlake init,
+# status, tail, snapshot, rewind) and the nats CLI. Only parser and sink read BINLAKE_RAW. Only
+# admin defines streams and buckets: run `binlake init` as admin before the services.
 #
 # A batch-protocol client gets a user of its own: it may only publish to its own store
 # subjects (binlake.store.<source>.<verb>.<client>) and receive replies in its own inbox

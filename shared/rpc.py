@@ -8,6 +8,7 @@ several messages (`{"part": i, "last": bool, ...}`) when a reply would exceed ma
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -93,6 +94,21 @@ def split_reply(reply: dict[str, Any], fields: tuple[str, ...], limit: int) -> l
              "last": n == len(cuts) - 1} for n, (a, b) in enumerate(cuts)]
 
 
+INBOX = re.compile(r"_INBOX(?:_[A-Za-z0-9%_-]+)?\.[^\s*>]+")
+"""A reply subject binlake answers: under `_INBOX` or a user's `_INBOX_<user>` (BINLAKE_NATS_INBOX)."""
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` is one token, a last `>` one or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(want) == len(have)
+
+
 async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
                 split_fields: tuple[str, ...] = (),
                 bind: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> Subscription:
@@ -133,6 +149,13 @@ async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
 
     async def on_msg(msg: Msg) -> None:
         if not msg.reply:
+            return
+        if not subject_matches(subject, msg.subject) or not INBOX.fullmatch(msg.reply):
+            # A JetStream consumer can deliver a stored message to any subject it is told (its
+            # subject is then the stored one), and a requester can name any reply subject: we
+            # answer only requests made on our subject, into an inbox, or an answer could be
+            # written into a stream or a bucket.
+            log.warning("rpc.refused", subject=msg.subject[:200], reply=msg.reply[:200])
             return
         if len(running) >= MAX_IN_FLIGHT:  # a flood of requests must not grow memory without end
             await msg.respond(pack({"ok": False, "code": "unavailable",

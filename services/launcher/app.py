@@ -33,6 +33,7 @@ from services.launcher.servers import (
     start_nats_cluster,
 )
 from services.launcher.spark_cluster import SparkCluster, spark_cluster
+from services.ops import init
 from shared.actor import run_all
 from shared.errors import ConfigError
 from shared.mysql import MysqlUrl
@@ -165,6 +166,8 @@ async def main(cfg: LauncherConfig) -> None:
             source_url = mariadb.dsn()
         remember_ports(data, source_url, nats=first_port(nats), **({"mariadb": mariadb.port} if mariadb else {}))
         env = child_env(cfg, data, nats.url, source_url)
+        # The services' users may not define streams: the admin does, before they start.
+        await init.init(nats.url, login.admin(data), env)
         cluster = spark_cluster(data / "spark", cfg.spark_workers, env) if cfg.spark_workers else None
         print(banner(cfg, data, nats, source_url, cluster), flush=True)
         tasks: list[Callable[[], Awaitable[None]]]

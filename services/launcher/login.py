@@ -13,6 +13,7 @@ import secrets
 from pathlib import Path
 
 from shared import permissions
+from shared.config import NatsSettings
 from shared.subjects import Names
 
 ADMIN = "admin"
@@ -44,6 +45,11 @@ def server_config(data: Path, names: Names) -> Path:
     passwords = {role: '"' + password(data, role) + '"' for role in permissions.ROLES}
     _write_private(path, permissions.server_config(names, passwords))
     return path
+
+
+def admin(data: Path) -> NatsSettings:
+    """The admin's login (`binlake init`, the operator's commands)."""
+    return NatsSettings(nats_user=ADMIN, nats_password=password(data, ADMIN), nats_inbox=permissions.inbox(ADMIN))
 
 
 def client_env(data: Path, role: str) -> dict[str, str]:

@@ -10,6 +10,7 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamInfo
 
 from shared import jetstream
+from shared.errors import NatsUnavailable
 from shared.jetstream import nats_errors
 from shared.subjects import Names
 
@@ -17,8 +18,11 @@ log = structlog.get_logger()
 
 
 async def apply_retention(js: JetStreamContext, names: Names, max_age_s: float, max_bytes: int,
-                          replicas: int = 1) -> StreamInfo:
-    """Create BINLAKE_CDC (with `replicas`) or update its age/bytes limits to the configured ones."""
+                          replicas: int = 1, *, must_apply: bool = True) -> StreamInfo:
+    """Create BINLAKE_CDC (with `replicas`) or update its age/bytes limits to the configured ones.
+
+    `must_apply=False`: a change of limits that the server refuses is logged, not raised.
+    """
     want = jetstream.cdc_stream_config(names, replicas=replicas, max_age_s=max_age_s, max_bytes=max_bytes)
     with nats_errors(f"stream {names.cdc_stream}"):
         try:
@@ -34,4 +38,13 @@ async def apply_retention(js: JetStreamContext, names: Names, max_age_s: float, 
             return info
         updated = dataclasses.replace(have, max_age=want.max_age, max_bytes=want.max_bytes)
         log.info("store.retention", max_age_s=max_age_s, max_bytes=max_bytes)
-        return await js.update_stream(updated)
+    try:
+        with nats_errors(f"stream {names.cdc_stream}"):
+            return await js.update_stream(updated)
+    except NatsUnavailable as exc:
+        if must_apply:
+            raise
+        # A per-service NATS user may not change streams (shared/permissions.py); the admin does.
+        log.error("store.retention_not_applied", reason=str(exc), max_age_s=max_age_s, max_bytes=max_bytes,
+                  fix="run `binlake init` as NATS admin with the same BINLAKE_CDC_MAX_AGE_S / _MAX_BYTES")
+        return info

@@ -189,7 +189,7 @@ async def test_a_service_that_loses_nats_for_good_exits_nonzero(bus: tuple[NatsS
         while not cut_off(ns, "binlake-meta-main"):
             assert loop.time() < deadline, ns.log_file.read_text()[-3000:]
             if not app.is_closed:  # our own longer lines are cut off as well
-                await app.publish("binlake.meta.cursor.get", b"\x81\xa3key\xa1k", reply="r")
+                await app.publish("binlake.meta.cursor.get", b"\x81\xa3key\xa1k", reply="_INBOX.r")
             await asyncio.sleep(0.2)
         write_conf(conf)
         ns.proc.send_signal(signal.SIGHUP)

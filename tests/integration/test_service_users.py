@@ -21,6 +21,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import ConsumerConfig, StreamConfig, StreamSource
 
+from services.ops import init
 from shared import permissions
 from shared.config import NatsSettings
 from shared.errors import NatsUnavailable
@@ -29,7 +30,7 @@ from shared.rpc import RpcError
 from shared.store_client import StoreClient
 from shared.subjects import Names
 from tests.integration.certs import Certs, make_certs
-from tests.integration.support import ROOT, ServiceProcess, parser_env, sink_env, wait_until
+from tests.integration.support import ROOT, ServiceProcess, parser_env, read_stream, sink_env, wait_until
 from tests.integration.test_mysql_tls import tls_only_server
 from tests.servers import MariaDB, NatsServer, start_nats
 
@@ -107,6 +108,9 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
         return proc
 
     source_url = source.dsn() + "/?ssl-ca=" + quote(str(certs.ca))
+    source.execute("CREATE TABLE shop.big (id INT PRIMARY KEY, b LONGTEXT)")
+    # The services' users may not define streams or buckets: `binlake init` does, as admin.
+    assert "BINLAKE_CDC" in await init.init(url, login("admin", certs), {})
     start("services.meta", "meta", sink_env(url))
     start("services.store", "store", sink_env(url))
     start("services.parser", "parser", parser_env(source, url, BINLAKE_SOURCE_URL=source_url, BINLAKE_START="earliest"))
@@ -118,8 +122,11 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
         client = StoreClient(app.nc, "app1", timeout_s=5)
         await _until(lambda: client.subscribe(start="earliest"), procs)
         source.execute(*(f"INSERT INTO shop.t VALUES ({i})" for i in range(1, 51)), ssl={"ca": str(certs.ca)})
-        seen = await _read_ids(client, 50, procs)
-        assert seen == list(range(1, 51))
+        # Rows that make the store's reply larger than a message: it comes in parts, all allowed.
+        source.execute(*(f"INSERT INTO shop.big VALUES ({i}, REPEAT('x', 400000))" for i in (1001, 1002, 1003)),
+                       ssl={"ca": str(certs.ca)})
+        seen = await _read_ids(client, 53, procs)
+        assert seen == [*range(1, 51), 1001, 1002, 1003]
 
         # An app's user: no other client, no meta, no stream, bucket, RAW subject or other inbox.
         for verb in ("subscribe", "rollback", "unsubscribe", "ack", "get"):
@@ -135,6 +142,10 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
         for subject in ("binlake.raw.>", "binlake.cdc.>", "_INBOX.>", f"{permissions.inbox('loader')}.>"):
             await app.nc.subscribe(subject)
             assert await app.violation(subject), app.errors
+        # Its own subject with a reply subject in RAW or a bucket: the store answers only inboxes.
+        for reply in ("binlake.raw.main.shop.t", "$KV.binlake_cursors.sink.main.p0"):
+            await app.nc.publish(NAMES.store_client_rpc("main", "get", "app1"), b"\x80", reply=reply)
+        await asyncio.sleep(1)
 
         # Only the parser and the sink read BINLAKE_RAW; nobody but the admin defines a stream.
         for role in ("store", "meta", "loader"):
@@ -148,6 +159,10 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
                     await js.add_stream(StreamConfig(name="COPY", subjects=["copy.>"],
                                                      sources=[StreamSource(name=NAMES.raw_stream)]))
                 assert await other.violation("$JS.API.STREAM.CREATE.COPY"), (role, other.errors)
+                for stream in (NAMES.cdc_stream, "KV_binlake_leases"):  # a source added to one it reads
+                    with pytest.raises((nats.errors.Error, TimeoutError)):
+                        await js.update_stream(StreamConfig(name=stream, sources=[StreamSource(name=NAMES.raw_stream)]))
+                    assert await other.violation(f"$JS.API.STREAM.UPDATE.{stream}"), (role, other.errors)
             finally:
                 await other.nc.close()
 
@@ -163,6 +178,9 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
             return out.returncode == 0 and "OK    shop.t: 60 rows" in out.stdout
         wait_until(verified, 300, "binlake verify to find shop.t equal", interval=5)
         assert sink.running and all(p.running for p in procs), "\n".join(p.output[-3000:] for p in procs)
+        assert procs[1].output.count('"rpc.refused"') == 2  # the two hijacked replies, in the store's log
+        raw = await read_stream(url, NAMES.raw_stream, auth=login("admin", certs))
+        assert raw and all("v" in m.env for m in raw), [m.env for m in raw if "v" not in m.env]
     finally:
         await app.nc.close()
         for p in procs:

@@ -35,6 +35,10 @@ def test_every_service_is_there_with_command_and_restart():
         if name == "ops":  # the operator's commands, run on demand (`run --rm ops status`)
             assert svc["profiles"] == ["ops"] and svc["restart"] == "no"
             continue
+        if name == "init":  # defines the streams as admin, then exits; meta waits for it
+            assert svc["restart"] == "on-failure" and svc["command"] == ["init"]
+            assert services["meta"]["depends_on"]["init"]["condition"] == "service_completed_successfully"
+            continue
         assert svc.get("restart") == "unless-stopped", f"{name} is not restarted"
         if name != "nats-box":  # nothing waits for the CLI box
             assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
@@ -92,7 +96,7 @@ def test_dependencies_exist_and_wait(file: str) -> None:
     for name, svc in services.items():
         for dep, cond in (svc.get("depends_on") or {}).items():
             assert dep in services, f"{name} depends on unknown {dep}"
-            assert cond["condition"] in ("service_healthy", "service_started")
+            assert cond["condition"] in ("service_healthy", "service_started", "service_completed_successfully")
     assert services["parser"]["depends_on"]["mysql"] == {"condition": "service_healthy"}
     assert "container_name" not in services["sink"]
 
@@ -140,9 +144,9 @@ def test_the_cluster_file_has_three_nats_nodes_r3_and_a_spark_cluster():
 def test_auth_is_on_and_each_service_has_its_own_user(file: str) -> None:
     raw = (ROOT / "deploy" / file).read_text()
     services = compose(file)["services"]
-    for name in (*BINLAKE_SERVICES, "ops"):
+    for name in (*BINLAKE_SERVICES, "ops", "init"):
         env = services[name]["environment"]
-        role = "admin" if name == "ops" else name
+        role = "admin" if name in ("ops", "init") else name
         assert env["BINLAKE_NATS_USER"] == role and env["BINLAKE_NATS_INBOX"] == f"_INBOX_{role}"
         assert env["BINLAKE_NATS_PASSWORD"] == f"${{BINLAKE_{role.upper()}_PASSWORD}}"
         assert ("BINLAKE_SOURCE_URL" in env) == (name in ("parser", "loader")), name

@@ -47,10 +47,19 @@ def test_who_writes_what() -> None:
         {"sink", "meta", "admin"}
     assert {r for r in permissions.ROLES if may_publish(r, "$KV.binlake_cursors.client.main.loader")} == \
         {"meta", "admin"}
-    # A stream binlake does not own (one that sources RAW, say): the admin only.
-    assert {r for r in permissions.ROLES if may_publish(r, "$JS.API.STREAM.CREATE.COPY")} == {"admin"}
-    assert {r for r in permissions.ROLES if may_publish(r, f"$JS.API.STREAM.UPDATE.{NAMES.raw_stream}")} == \
-        {"parser", "sink", "admin"}
+    # Whoever may define a stream can add a source, subject or republish to it: the admin only.
+    for stream in ("COPY", NAMES.raw_stream, NAMES.cdc_stream, NAMES.dlq_stream, "KV_binlake_cursors",
+                   "KV_binlake_leases", "KV_binlake_members", "KV_binlake_schema"):
+        for verb in ("CREATE", "UPDATE", "DELETE", "PURGE"):
+            assert {r for r in permissions.ROLES if may_publish(r, f"$JS.API.STREAM.{verb}.{stream}")} == {"admin"}
+
+
+def test_the_loader_files_snapshot_requests_but_reads_no_cursor() -> None:
+    assert may_publish("loader", "$KV.binlake_cursors.snapshot.main.request.abc")
+    assert not may_publish("loader", "$KV.binlake_cursors.snapshot.main.table.shop.t")
+    for api in ("$JS.API.DIRECT.GET.KV_binlake_cursors", "$JS.API.CONSUMER.CREATE.KV_binlake_cursors.c.x",
+                "$JS.API.STREAM.MSG.GET.KV_binlake_cursors"):
+        assert not may_publish("loader", api), api
 
 
 def test_each_service_replies_only_into_its_own_inbox() -> None:
