@@ -8,21 +8,14 @@ from pathlib import Path
 import pytest
 
 from shared import permissions
+from shared.rpc import subject_matches
 from shared.subjects import Names
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = Names()
 
 
-def matches(pattern: str, subject: str) -> bool:
-    """NATS subject matching: `*` one token, `>` one or more trailing tokens."""
-    p, s = pattern.split("."), subject.split(".")
-    for i, token in enumerate(p):
-        if token == ">":
-            return len(s) > i
-        if i >= len(s) or (token != "*" and token != s[i]):
-            return False
-    return len(p) == len(s)
+matches = subject_matches  # NATS's own subject matching
 
 
 def may_publish(role: str, subject: str) -> bool:
