@@ -221,8 +221,9 @@ async def allows_atomic(js: JetStreamContext, stream: str) -> bool:
 
 async def ensure_streams(js: JetStreamContext, names: Names, partitions: int, replicas: int = 1, *,
                          streams: tuple[str, ...] = ("raw", "cdc", "dlq")) -> None:
-    """BINLAKE_RAW (with `partitions`), BINLAKE_CDC and BINLAKE_DLQ, or those of them in `streams`:
-    a service creates the ones it uses and its NATS user may define (`shared.permissions`).
+    """BINLAKE_RAW (with `partitions`), BINLAKE_CDC and BINLAKE_DLQ, or those of them in `streams`
+    (the ones a service uses), created when missing. With a NATS user per service only the admin
+    may create them (`binlake init`, `shared.permissions`); then this only checks them.
 
     `replicas` applies when a stream is created; an existing stream keeps its own (change it
     with `nats stream edit --replicas`).
