@@ -25,7 +25,7 @@ from nats.js.kv import KeyValue
 
 from shared import cas, envelope, keys
 from shared.actor import raise_if_cancelled
-from shared.errors import NatsUnavailable, TransientError
+from shared.errors import BinlakeError, NatsUnavailable, TransientError
 from shared.jetstream import nats_errors
 from shared.meta_client import MetaClient
 from shared.metrics import Registry
@@ -55,6 +55,15 @@ class SchemaRecorder:
         self.log = structlog.get_logger().bind(actor="schema-recorder")
 
     async def run(self) -> None:
+        try:
+            await self._record()
+        except BinlakeError:
+            # A stop (or a lost lease) that a NATS request swallowed comes out as its error
+            # (CPython gh-86296): end here, or the supervisor would restart us forever.
+            raise_if_cancelled()
+            raise
+
+    async def _record(self) -> None:
         last_seq = await self._wait_for_stream()
         seq, revision = await self._load()
         if seq > last_seq:
@@ -86,6 +95,7 @@ class SchemaRecorder:
                     return int(info.state.last_seq or 0)
                 except nats.js.errors.NotFoundError:
                     pass
+            raise_if_cancelled()
             await asyncio.sleep(1.0)
 
     async def _load(self) -> tuple[int, int | None]:

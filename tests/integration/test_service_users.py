@@ -125,8 +125,9 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
         # Rows that make the store's reply larger than a message: it comes in parts, all allowed.
         source.execute(*(f"INSERT INTO shop.big VALUES ({i}, REPEAT('x', 400000))" for i in (1001, 1002, 1003)),
                        ssl={"ca": str(certs.ca)})
-        seen = await _read_ids(client, 53, procs)
-        assert seen == [*range(1, 51), 1001, 1002, 1003]
+        seen = await _read_ids(client, 53, procs)  # in order per table; the tables' order may interleave
+        assert [i for i in seen if i < 1000] == list(range(1, 51)) and [i for i in seen if i > 1000] == [1001, 1002,
+                                                                                                         1003]
 
         # An app's user: no other client, no meta, no stream, bucket, RAW subject or other inbox.
         for verb in ("subscribe", "rollback", "unsubscribe", "ack", "get"):
