@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from shared.actor import RestartPolicy
 from shared.errors import ConfigError
-from shared.subjects import DEFAULT_PARTITIONS
+from shared.subjects import DEFAULT_PARTITIONS, INBOX_PREFIX
 
 C = TypeVar("C")
 _TRUE = {"1", "true", "yes", "on"}
@@ -136,7 +136,7 @@ def check_replicas(replicas: int) -> int:
     return replicas
 
 
-_INBOX = re.compile(r"_INBOX(_[A-Za-z0-9%_-]+)?")
+_INBOX = re.compile(INBOX_PREFIX)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,7 @@ from nats.aio.subscription import Subscription
 
 from shared import clients
 from shared.errors import BinlakeError, NatsUnavailable
+from shared.subjects import INBOX_PREFIX
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 MAX_IN_FLIGHT = 1024  # requests one subscription answers at once; more are refused as `unavailable`
@@ -94,7 +95,7 @@ def split_reply(reply: dict[str, Any], fields: tuple[str, ...], limit: int) -> l
              "last": n == len(cuts) - 1} for n, (a, b) in enumerate(cuts)]
 
 
-INBOX = re.compile(r"_INBOX(?:_[A-Za-z0-9%_-]+)?\.[^\s*>]+")
+INBOX = re.compile(INBOX_PREFIX + r"\.[^\s*>]+")
 """A reply subject binlake answers: under `_INBOX` or a user's `_INBOX_<user>` (BINLAKE_NATS_INBOX)."""
 
 

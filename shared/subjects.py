@@ -17,6 +17,9 @@ INTERNAL_TOKEN = "$binlake"
 HEARTBEAT_TABLE = "heartbeat"
 DDL_TABLE = "ddl"
 
+INBOX_PREFIX = r"_INBOX(?:_[A-Za-z0-9%_-]+)?"
+"""A reply-subject prefix (BINLAKE_NATS_INBOX): `_INBOX`, or a user's own `_INBOX_<escaped user>`."""
+
 _SAFE = re.compile(r"[A-Za-z0-9_-]*")
 _SAFE_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 
