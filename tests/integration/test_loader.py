@@ -59,6 +59,11 @@ DDL = [
 FINAL = ["accounts", "events", "labels", "dups", "Users", "users", "order-items", "order_items"]
 
 
+def _set(event: threading.Event) -> threading.Event:
+    event.set()
+    return event
+
+
 @dataclass
 class LakeWorkload:
     """Random transactions over TABLES, with the DDL schedule; counts every row change."""
@@ -72,6 +77,8 @@ class LakeWorkload:
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     state: set[str] = field(default_factory=set)  # names of the DDL effects so far
+    # Past the target, row changes go on until this is set, so a loader restarted late still has work.
+    release: threading.Event = field(default_factory=lambda: _set(threading.Event()))
 
     def create_tables(self) -> None:
         self.mariadb.execute(*(ddl.format(db=self.db) for ddl in TABLES.values()))
@@ -90,7 +97,7 @@ class LakeWorkload:
         try:
             with conn.cursor() as cur:
                 cur.execute("SET SESSION time_zone = '+00:00'")
-                while self.changes < self.target:
+                while self.changes < self.target or not self.release.is_set():
                     ahead = self.changes / self.rate - (time.monotonic() - started)
                     if ahead > 0:
                         time.sleep(ahead)
@@ -206,7 +213,10 @@ def assert_changelog_exactly_once(stack: Stack) -> None:
 
 
 def run_load(stack: Stack, *, kills: int, merge_kill: bool, rate: float, target: int) -> LakeWorkload:
+    """The workload with `kills` loader kills mid-batch (and one mid-merge): changes flow until the last."""
     workload = LakeWorkload(stack.mariadb, stack.db, target=target, rate=rate)
+    if kills or merge_kill:
+        workload.release.clear()
     stack.start_loader()  # Spark starts while the workload runs
     workload.create_tables()
     thread = workload.start()
@@ -232,6 +242,7 @@ def run_load(stack: Stack, *, kills: int, merge_kill: bool, rate: float, target:
         time.sleep(rnd.uniform(0.2, 1.0))
         proc.kill()
         stack.start_loader()
+    workload.release.set()
     thread.join(900)
     assert workload.done.is_set() and workload.error is None, workload.error
     return workload
