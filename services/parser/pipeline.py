@@ -17,16 +17,17 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from services.parser.binlog import BinlogReader
-from services.parser.checks import inspect_source
+from services.parser.checks import SourceInfo, inspect_source
 from services.parser.config import ParserConfig
-from services.parser.position import read_tail, saved_position
+from services.parser.position import Tail, read_tail, saved_position
 from services.parser.publisher import Publisher
 from services.parser.snapshot.snapshotter import AckedScn, Snapshotter
 from services.parser.snapshot.windows import Windows
 from services.parser.source_watch import SourceWatch
-from services.parser.transactions import HEADER_ALLOWANCE, Assembler, Outgoing
+from services.parser.transactions import HEADER_ALLOWANCE, Assembler, Outgoing, Resume
 from shared import envelope, jetstream
 from shared.actor import Latest
+from shared.async_publisher import AsyncPublisher
 from shared.bridge import ThreadBridge
 from shared.errors import BinlogPurged, SourceUnavailable
 from shared.metrics import Registry
@@ -70,10 +71,21 @@ class Pipeline:
             raise BinlogPurged(f"binlog {start.file} ({origin} {start.file}:{start.offset}) is no longer on the "
                                f"source (oldest is {info.binlogs[0]}); the changes in between are lost to binlake: "
                                "take a new snapshot and reset the parser")
+        acks = AsyncPublisher(self.nc)
+        await acks.start()
+        try:
+            await self._run(info, start, origin, tail, Publisher(acks, tail.last_id if tail else None, self._acked,
+                                                                 window=cfg.publish_window,
+                                                                 ack_timeout_s=cfg.ack_timeout_s))
+        finally:
+            await acks.close()
+
+    async def _run(self, info: SourceInfo, start: Resume, origin: str, tail: Tail | None,
+                   publisher: Publisher) -> None:
+        cfg = self.cfg
         asm = Assembler(cfg.source, self.names, start, max_payload=self.nc.max_payload,
                         skip=tail.skip if tail else None, mariadb=info.mariadb, ignore=frozenset({cfg.watermark}),
                         lower_names=info.lower_case_table_names == 1)
-        publisher = Publisher(self.js, tail.last_id if tail else None, self._acked, ack_timeout_s=cfg.ack_timeout_s)
         self.log.info("pipeline.start", origin=origin, resume_file=start.file, resume_offset=start.offset,
                       resume_gtid=start.gtid, skip=tail.skip if tail else None, server=info.version,
                       lower_case_table_names=info.lower_case_table_names,

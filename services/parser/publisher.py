@@ -3,7 +3,8 @@
 Every message carries `Nats-Expected-Last-Msg-Id` = the id of the message before it, so the
 stream can only ever hold a prefix of what the parser produced: if one publish is lost, every
 later one is refused, and the restart resumes right after the stream's last message. Futures
-of nats-py's publish_async can hang (nats.py #985), so every one is bounded by a deadline.
+of acks can hang (nats.py #985), so every one is bounded by a deadline, and at most `window`
+messages are in flight.
 """
 
 from __future__ import annotations
@@ -16,19 +17,20 @@ from collections.abc import Callable
 import nats.errors
 import nats.js.errors
 import structlog
-from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from services.parser.transactions import Outgoing
+from shared.async_publisher import AsyncPublisher
 from shared.errors import PublishFailed
 
 EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 
 
 class Publisher:
-    def __init__(self, js: JetStreamContext, last_id: str | None, on_acked: Callable[[Outgoing | None, int], None],
-                 *, ack_timeout_s: float = 15.0) -> None:
-        self._js = js
+    def __init__(self, acks: AsyncPublisher, last_id: str | None, on_acked: Callable[[Outgoing | None, int], None],
+                 *, window: int = 4000, ack_timeout_s: float = 15.0) -> None:
+        self._acks = acks
+        self._window = window
         self._last_id = last_id
         self._on_acked = on_acked
         self._timeout = ack_timeout_s
@@ -42,21 +44,19 @@ class Publisher:
 
     async def publish(self, batch: list[Outgoing]) -> None:
         for msg in batch:
+            while len(self._inflight) >= self._window:
+                await self._wait_oldest()
             if self._last_id is not None:
                 msg.headers[EXPECTED_LAST_MSG_ID] = self._last_id
             try:
-                fut = await self._js.publish_async(msg.subject, msg.data, headers=msg.headers,
-                                                   wait_stall=self._timeout)
-            except (nats.js.errors.TooManyStalledMsgsError, nats.errors.Error, OSError) as exc:
-                if _cancelling():
-                    # nats.py turns our cancellation (lease lost, shutdown) into a stall error.
-                    raise asyncio.CancelledError from exc
+                fut = await self._acks.publish(msg.subject, msg.data, msg.headers)
+            except (nats.errors.Error, OSError) as exc:
                 raise PublishFailed(f"publish of {msg.msg_id} failed: {exc!r}") from exc
             self._inflight.append((msg, fut, time.monotonic()))
             self._last_id = msg.msg_id
             if _cancelling():
-                # Python 3.11's wait_for inside publish_async can swallow our cancellation
-                # (CPython gh-86296); honour it here so a stop or a lost lease always ends us.
+                # A nats-py wait inside publish can swallow our cancellation (CPython gh-86296,
+                # Python 3.11); honour it here so a stop or a lost lease always ends us.
                 raise asyncio.CancelledError
         self._reap()
 
@@ -83,17 +83,19 @@ class Publisher:
     async def flush(self) -> None:
         """Wait until everything in flight is acknowledged (or fail)."""
         while self._inflight:
-            _, fut, started = self._inflight[0]
-            remaining = self._timeout - (time.monotonic() - started)
-            if remaining > 0:
-                await asyncio.wait([fut], timeout=remaining)
-            self._reap()
+            await self._wait_oldest()
+
+    async def _wait_oldest(self) -> None:
+        _, fut, started = self._inflight[0]
+        remaining = self._timeout - (time.monotonic() - started)
+        if remaining > 0:
+            await asyncio.wait([fut], timeout=remaining)
+        self._reap()
 
     def abandon(self) -> None:
         """Cancel whatever is still in flight (its outcome is re-learned from the stream tail)."""
-        while self._inflight:
-            _, fut, _ = self._inflight.popleft()
-            fut.cancel()
+        self._inflight.clear()
+        self._acks.cancel_all()
 
 
 def _cancelling() -> bool:

@@ -27,6 +27,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from shared.async_publisher import send
 from shared.errors import BinlakeError, NatsUnavailable, PublishFailed
 from shared.jetstream import header, last_msg
 
@@ -139,7 +140,7 @@ class SubjectFence:
                 first_of.add(out.subject)
                 hdrs[EXPECTED_SUBJECT_SEQ] = str(expected[out.subject])
             if 1 < n < last:
-                await self._nc.publish(out.subject, out.data, headers=hdrs)
+                await send(self._nc, out.subject, out.data, hdrs)
                 continue
             if n == last:
                 hdrs[BATCH_COMMIT] = "1"

@@ -753,8 +753,8 @@ def lease_holder(nats_url: str) -> str | None:
 def test_lease_lost_during_a_nats_outage_is_taken_again(mariadb: MariaDB, database: str, parser_factory: ParserFactory,
                                                         nats_server: NatsServer, nats_url: str) -> None:
     backlog = 10_000
-    # One publish in flight: with a backlog the pipeline always waits in publish_async for its
-    # window slot, and stays there while NATS is away.
+    # One publish in flight: with a backlog the pipeline always waits for its window slot (the
+    # oldest ack), and stays there while NATS is away.
     parser = start_parser(parser_factory, nats_url, BINLAKE_INSTANCE="outage", BINLAKE_PUBLISH_WINDOW="1")
     assert lease_holder(nats_url) == "outage"
     t = f"`{database}`.burst"
