@@ -190,8 +190,13 @@ def dlq_stream_config(names: Names, *, replicas: int = 1) -> StreamConfig:
     )
 
 
-async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> StreamInfo:
-    """Create the stream, or check that the existing one is compatible (same subject transform)."""
+async def ensure_stream(js: JetStreamContext, config: StreamConfig, *, repair: bool = False) -> StreamInfo:
+    """Create the stream, or check that the existing one is compatible (same subject transform).
+
+    `repair` (the admin's `binlake init`): also give a stream an older binlake created what this
+    one needs (atomic batches). A service only says what is missing: with a NATS user per service
+    it may not change streams (`shared.permissions`).
+    """
     assert config.name is not None
     with nats_errors(f"stream {config.name}"):
         try:
@@ -207,6 +212,11 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> StreamInf
             "set the partition count back or recreate the stream"
         )
     if config.allow_atomic and not info.config.allow_atomic:  # created by an older binlake
+        if not repair:
+            log.warning("stream.without_atomic_batches", stream=config.name,
+                        fix="run `binlake init` as NATS admin (nats-server >= 2.12): the sink then writes "
+                            "whole fetches as one batch instead of one ack per message")
+            return info
         with nats_errors(f"stream {config.name}"):
             info = await js.update_stream(dataclasses.replace(info.config, allow_atomic=True))
     return info
@@ -220,7 +230,7 @@ async def allows_atomic(js: JetStreamContext, stream: str) -> bool:
 
 
 async def ensure_streams(js: JetStreamContext, names: Names, partitions: int, replicas: int = 1, *,
-                         streams: tuple[str, ...] = ("raw", "cdc", "dlq")) -> None:
+                         streams: tuple[str, ...] = ("raw", "cdc", "dlq"), repair: bool = False) -> None:
     """BINLAKE_RAW (with `partitions`), BINLAKE_CDC and BINLAKE_DLQ, or those of them in `streams`
     (the ones a service uses), created when missing. With a NATS user per service only the admin
     may create them (`binlake init`, `shared.permissions`); then this only checks them.
@@ -232,28 +242,32 @@ async def ensure_streams(js: JetStreamContext, names: Names, partitions: int, re
                "cdc": lambda: cdc_stream_config(names, replicas=replicas),
                "dlq": lambda: dlq_stream_config(names, replicas=replicas)}
     for stream in streams:
-        await ensure_stream(js, configs[stream]())
+        await ensure_stream(js, configs[stream](), repair=repair)
 
 
 async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl_s: float | None = None, history: int = 1,
-                    replicas: int = 1) -> KeyValue:
+                    replicas: int = 1, repair: bool = False) -> KeyValue:
     """The bucket, created with `replicas` copies when it does not exist yet.
 
-    Created without rollup headers: with them, one put of a writer's own key carrying
-    `Nats-Rollup: all` would purge every other key of the bucket (binlake never purges).
+    Without rollup headers: with them, one put of a writer's own key carrying `Nats-Rollup: all`
+    would purge every other key of the bucket (binlake never purges). A bucket that an older
+    binlake created has them until `binlake init` (`repair`, as admin) turns them off.
     """
     with nats_errors(f"bucket {bucket}"):
         try:
-            return await js.key_value(bucket)
+            kv = await js.key_value(bucket)
+            created = False
         except nats.js.errors.BucketNotFoundError:
             kv = await js.create_key_value(
                 KeyValueConfig(bucket=bucket, ttl=ttl_s, history=history, storage=StorageType.FILE,
                                replicas=replicas)
             )
+            created = True
+        if created or repair:
             info = await js.stream_info(kv_stream(bucket))
             if info.config.allow_rollup_hdrs:
                 await js.update_stream(dataclasses.replace(info.config, allow_rollup_hdrs=False))
-            return kv
+        return kv
 
 
 async def last_msg(js: JetStreamContext, stream: str, subject: str) -> RawStreamMsg | None:

@@ -33,14 +33,15 @@ MEMBER_TTL_S = 15.0  # the sink's default `member_ttl_s`
 
 
 async def define_all(js: JetStreamContext, cfg: StoreConfig) -> list[str]:
-    """Every stream and bucket, created when missing, CDC's retention applied; their names."""
+    """Every stream and bucket, created when missing or brought up to date (atomic batches, no
+    rollups), CDC's retention applied; their names."""
     names = Names(cfg.prefix)
-    await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas, streams=("raw", "dlq"))
     await apply_retention(js, names, cfg.cdc_max_age_s, cfg.cdc_max_bytes, cfg.replicas)
-    await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=cfg.replicas)
-    await jetstream.ensure_kv(js, names.schema_bucket, replicas=cfg.replicas)
-    await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=LEASE_TTL_S, replicas=cfg.replicas)
-    await jetstream.ensure_kv(js, names.members_bucket, ttl_s=MEMBER_TTL_S, replicas=cfg.replicas)
+    await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas, repair=True)
+    await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=cfg.replicas, repair=True)
+    await jetstream.ensure_kv(js, names.schema_bucket, replicas=cfg.replicas, repair=True)
+    await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=LEASE_TTL_S, replicas=cfg.replicas, repair=True)
+    await jetstream.ensure_kv(js, names.members_bucket, ttl_s=MEMBER_TTL_S, replicas=cfg.replicas, repair=True)
     return [names.raw_stream, names.cdc_stream, names.dlq_stream, names.cursors_bucket, names.schema_bucket,
             names.leases_bucket, names.members_bucket]
 

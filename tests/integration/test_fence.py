@@ -136,5 +136,8 @@ async def test_an_existing_cdc_stream_is_given_atomic_batches(nc: Client) -> Non
     old.allow_atomic = False
     await js.add_stream(old)
     assert not await jetstream.allows_atomic(js, names.cdc_stream)
+    # A service only finds it (and says so): with a NATS user per service it may not change it.
     await jetstream.ensure_stream(js, jetstream.cdc_stream_config(names))
+    assert not await jetstream.allows_atomic(js, names.cdc_stream)
+    await jetstream.ensure_stream(js, jetstream.cdc_stream_config(names), repair=True)  # `binlake init`
     assert await jetstream.allows_atomic(js, names.cdc_stream)

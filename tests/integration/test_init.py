@@ -1,0 +1,50 @@
+"""`binlake init` brings what an older binlake created up to date: atomic batches on BINLAKE_CDC,
+no rollup headers on the buckets (one rollup put would purge every other key)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import nats
+import nats.js.errors
+import pytest
+from nats.js.api import KeyValueConfig, StorageType
+
+from services.ops import init
+from shared import jetstream
+from shared.config import NatsSettings
+from shared.subjects import Names, kv_stream, kv_subject
+
+
+async def test_init_turns_off_rollups_and_turns_on_atomic_batches_of_an_older_deployment(nats_url: str) -> None:
+    names = Names()
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    try:
+        old_cdc = jetstream.cdc_stream_config(names)
+        old_cdc.allow_atomic = False
+        await js.add_stream(old_cdc)
+        for bucket in (names.cursors_bucket, names.members_bucket):
+            await js.create_key_value(KeyValueConfig(bucket=bucket, history=16, storage=StorageType.FILE))
+            info = await js.stream_info(kv_stream(bucket))
+            if not info.config.allow_rollup_hdrs:  # what nats-py created before binlake turned them off
+                await js.update_stream(dataclasses.replace(info.config, allow_rollup_hdrs=True))
+        cursors = await js.key_value(names.cursors_bucket)
+        await cursors.put("sink.main.p1", b'{"seq": 5}')
+
+        await jetstream.ensure_kv(js, names.cursors_bucket, history=16)  # a service: finds it, changes nothing
+        assert (await js.stream_info(kv_stream(names.cursors_bucket))).config.allow_rollup_hdrs
+
+        defined = await init.init(nats_url, NatsSettings(), {})
+        assert set(defined) >= {names.cdc_stream, names.cursors_bucket, names.members_bucket}
+        assert await jetstream.allows_atomic(js, names.cdc_stream)
+        for bucket in (names.cursors_bucket, names.members_bucket):
+            assert not (await js.stream_info(kv_stream(bucket))).config.allow_rollup_hdrs, bucket
+
+        # A put of one's own key asking for a rollup of the whole bucket is refused; nothing is purged.
+        with pytest.raises(nats.js.errors.APIError):
+            await js.publish(kv_subject(names.cursors_bucket, "snapshot.main.request.x"), b"{}",
+                             headers={"Nats-Rollup": "all"})
+        assert (await cursors.get("sink.main.p1")).value == b'{"seq": 5}'
+    finally:
+        await nc.close()
