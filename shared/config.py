@@ -126,7 +126,7 @@ def default_instance() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-_SOURCE_NAME = re.compile(r"[A-Za-z0-9_-]+")
+SOURCE_NAME = re.compile(r"[A-Za-z0-9_-]+")  # BINLAKE_SOURCE and BINLAKE_PREFIX
 
 
 def check_replicas(replicas: int) -> int:
@@ -206,9 +206,9 @@ class ServiceConfig(NatsSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not _SOURCE_NAME.fullmatch(self.source):
+        if not SOURCE_NAME.fullmatch(self.source):
             raise ConfigError(f"BINLAKE_SOURCE must be letters, digits, '_' or '-', got {self.source!r}")
-        if not _SOURCE_NAME.fullmatch(self.prefix):
+        if not SOURCE_NAME.fullmatch(self.prefix):
             raise ConfigError(f"BINLAKE_PREFIX must be letters, digits, '_' or '-', got {self.prefix!r}")
         if not 1 <= self.partitions <= 1024:
             raise ConfigError(f"BINLAKE_PARTITIONS must be 1..1024, got {self.partitions}")

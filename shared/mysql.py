@@ -34,6 +34,8 @@ from shared.errors import (
     SourceUnavailable,
 )
 
+MAX_IDENTIFIER = 64  # characters of a database, table or column name (MySQL and MariaDB)
+
 CONNECT_TIMEOUT_S = 10
 
 

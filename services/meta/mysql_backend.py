@@ -15,7 +15,7 @@ import asyncmy.errors
 
 from services.meta.backend import Conflict, CursorEntry, SchemaRecord
 from shared.errors import SourceUnavailable
-from shared.mysql import TLS_CIPHER_SQL, MysqlUrl
+from shared.mysql import MAX_IDENTIFIER, TLS_CIPHER_SQL, MysqlUrl
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS binlake_cursors (
@@ -23,10 +23,10 @@ DDL = (
         value LONGTEXT NOT NULL,
         revision BIGINT NOT NULL
     ) DEFAULT CHARSET = utf8mb4""",
-    """CREATE TABLE IF NOT EXISTS binlake_schema (
-        source VARCHAR(64) COLLATE utf8mb4_bin NOT NULL,
-        db VARCHAR(64) COLLATE utf8mb4_bin NOT NULL,
-        tbl VARCHAR(64) COLLATE utf8mb4_bin NOT NULL,
+    f"""CREATE TABLE IF NOT EXISTS binlake_schema (
+        source VARCHAR({MAX_IDENTIFIER}) COLLATE utf8mb4_bin NOT NULL,
+        db VARCHAR({MAX_IDENTIFIER}) COLLATE utf8mb4_bin NOT NULL,
+        tbl VARCHAR({MAX_IDENTIFIER}) COLLATE utf8mb4_bin NOT NULL,
         scn BIGINT UNSIGNED NOT NULL,
         record LONGTEXT NOT NULL,
         PRIMARY KEY (source, db, tbl, scn)

@@ -14,6 +14,8 @@ from nats.aio.subscription import Subscription
 from services.meta.backend import Conflict, MetaBackend, SchemaRecord
 from services.meta.history import schema_at
 from services.meta.rewind import Rewinder
+from shared.config import SOURCE_NAME
+from shared.mysql import MAX_IDENTIFIER
 from shared.rpc import BadRequest, RpcError, require, require_client, serve
 from shared.subjects import Names
 
@@ -98,8 +100,11 @@ class MetaServer:
 def _schema_record(req: dict[str, Any]) -> SchemaRecord:
     """The record a `schema.add` request describes, every field checked."""
     source, db, table = require(req, "source", str), require(req, "db", str), require(req, "table", str)
-    if not source:
-        raise BadRequest("field 'source' must not be empty")
+    if not SOURCE_NAME.fullmatch(source) or len(source) > MAX_IDENTIFIER:
+        raise BadRequest(f"field 'source' must be 1..{MAX_IDENTIFIER} letters, digits, '_' or '-', got {source[:80]!r}")
+    for name, value in (("db", db), ("table", table)):
+        if len(value) > MAX_IDENTIFIER:  # MySQL's own limit; a longer one would not fit a KV key or the MySQL backend
+            raise BadRequest(f"field {name!r} has {len(value)} characters; MySQL names have at most {MAX_IDENTIFIER}")
     scn, ts = require(req, "scn", int), require(req, "ts", int)
     if scn < 0 or ts < 0:
         raise BadRequest(f"fields 'scn' and 'ts' must not be negative, got scn={scn} ts={ts}")

@@ -29,6 +29,7 @@ from shared.errors import BinlakeError, NatsUnavailable, TransientError
 from shared.jetstream import nats_errors
 from shared.meta_client import MetaClient
 from shared.metrics import Registry
+from shared.mysql import MAX_IDENTIFIER
 from shared.ordered_reader import OrderedReader
 from shared.rpc import RpcError
 from shared.subjects import Names, unescape_token
@@ -166,6 +167,8 @@ def _record_of(env: dict[str, Any], op: str | None) -> dict[str, Any]:
         raise envelope.EnvelopeError(f"scn {scn!r} or ts {ts!r} is not a position or time")
     if not isinstance(db, str) or not isinstance(table, str):
         raise envelope.EnvelopeError(f"db {db!r} or table {table!r} is not text")
+    if len(db) > MAX_IDENTIFIER or len(table) > MAX_IDENTIFIER:  # meta refuses them (a bad request stops us)
+        raise envelope.EnvelopeError(f"db or table name longer than MySQL's {MAX_IDENTIFIER} characters")
     if (schema is not None and not isinstance(schema, dict)) or (ddl is not None and not isinstance(ddl, str)):
         raise envelope.EnvelopeError("schema is not a map or ddl is not text")
     if schema is None and ddl is None:
