@@ -10,9 +10,10 @@ for a table's progress; names are escaped with `=XX` like client keys.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from shared.patterns import cached
 
 PENDING, RUNNING, DONE, FAILED, DROPPED = "pending", "running", "done", "failed", "dropped"
 FINISHED = frozenset({DONE, FAILED, DROPPED})
@@ -100,6 +101,7 @@ class SnapshotRequest:
 
 
 def matches(patterns: list[str], db: str, table: str) -> bool:
-    """A pattern is a regular expression over `db.table`; `shop.orders` also matches itself literally."""
+    """A pattern is an RE2 regular expression over `db.table` (`shared.patterns`); `shop.orders`
+    also matches itself literally. PatternError when one is not RE2."""
     name = f"{db}.{table}"
-    return any(p == name or re.fullmatch(p, name) for p in patterns)
+    return any(p == name or cached(p).fullmatch(name) for p in patterns)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import secrets
 import sys
 import time
@@ -23,6 +22,7 @@ from services.ops.common import nats_auth, nats_url, replicas, run
 from shared import jetstream, keys
 from shared import snapshots as snap
 from shared.errors import BinlakeError, ConfigError
+from shared.patterns import PatternError, compile_pattern
 from shared.subjects import Names
 
 
@@ -142,9 +142,9 @@ def main() -> None:
     async def go() -> int:
         for p in args.patterns:
             try:
-                re.compile(p)
-            except re.error as exc:
-                raise ConfigError(f"{p!r} is not a table name or regular expression ({exc})") from None
+                compile_pattern(p)
+            except PatternError as exc:
+                raise ConfigError(f"not a table name or regular expression: {exc}") from None
         return await request(nats_url(), args.prefix, args.source, args.patterns, wait=not args.no_wait,
                              accept_timeout_s=args.accept_timeout, out=sys.stderr if not args.no_wait else sys.stdout)
 

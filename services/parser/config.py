@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared import config
 from shared.errors import ConfigError
+from shared.patterns import PatternError, compile_pattern
 from shared.subjects import fnv1a32
 
 
@@ -48,10 +48,9 @@ class ParserConfig(config.ServiceConfig):
         if self.snapshot_max_rows_s < 0:
             raise ConfigError(f"BINLAKE_SNAPSHOT_MAX_ROWS_S must be >= 0, got {self.snapshot_max_rows_s}")
         try:
-            re.compile(self.snapshot_tables)
-        except re.error as exc:
-            raise ConfigError(f"BINLAKE_SNAPSHOT_TABLES is not a regular expression ({exc}): "
-                              f"{self.snapshot_tables!r}") from None
+            compile_pattern(self.snapshot_tables)
+        except PatternError as exc:
+            raise ConfigError(f"BINLAKE_SNAPSHOT_TABLES: {exc}") from None
         db, dot, table = self.watermark_table.partition(".")
         if not (db and dot and table):
             raise ConfigError(f"BINLAKE_WATERMARK_TABLE must be <db>.<table>, got {self.watermark_table!r}")

@@ -7,11 +7,9 @@ acked" is `id <= acked`, and only the oldest unacked batch may be acked.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Protocol
-
-import re2
 
 from shared.clients import MAX_FILTER, ClientState
+from shared.patterns import Pattern, PatternError, compile_pattern
 from shared.rpc import BadRequest, RpcError
 
 
@@ -31,26 +29,18 @@ class RetentionGap(RpcError):
             "rewind the client past the gap (binlake rewind), or raise the limits so it cannot happen again")
 
 
-class Filter(Protocol):
-    def fullmatch(self, text: str) -> object | None: ...
-
-
-_RE2 = re2.Options()
-_RE2.log_errors = False  # the error goes back to the client, not to the store's stderr
-_RE2.max_mem = 8 << 20
+Filter = Pattern
 
 
 def compile_filter(pattern: str) -> Filter:
-    """A client's table filter. RE2, not Python's re: it matches in linear time, so no client's
-    pattern (`(.|.)*Z`) can stall the store's event loop for the others."""
+    """A client's table filter, in RE2 (`shared.patterns`): no client's pattern (`(.|.)*Z`) can
+    stall the store's event loop for the others."""
     if len(pattern) > MAX_FILTER:
         raise BadRequest(f"filter has {len(pattern)} characters; at most {MAX_FILTER}")
     try:
-        compiled: Filter = re2.compile(pattern, _RE2)
-    except re2.error as exc:
-        reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-        raise BadRequest(f"filter {pattern!r} is not a valid RE2 regular expression: {reason}") from None
-    return compiled
+        return compile_pattern(pattern)
+    except PatternError as exc:
+        raise BadRequest(f"filter {exc}") from None
 
 
 def delivered(state: ClientState, end: int) -> ClientState:

@@ -15,7 +15,6 @@ outages (source, NATS) restart the pipeline, and the snapshot resumes with it.
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -51,6 +50,7 @@ from shared.errors import BinlakeError, FatalError, OversizeEvent, SnapshotConfl
 from shared.jetstream import kv_entries, nats_errors
 from shared.metrics import Registry
 from shared.mysql import MysqlUrl, map_mysql_error
+from shared.patterns import compile_pattern
 from shared.subjects import Names
 
 MAX_RETRIES = 20  # windows read again in a row before a table fails
@@ -229,8 +229,8 @@ class Snapshotter:
             try:
                 req = snap.SnapshotRequest.from_json(value)
                 for pattern in req.patterns:
-                    re.compile(pattern)
-            except (ValueError, TypeError, KeyError, re.error) as exc:
+                    compile_pattern(pattern)
+            except (ValueError, TypeError, KeyError) as exc:
                 # Not written by `binlake snapshot`: answer it, never fail on it.
                 bad = snap.SnapshotRequest(id=key.rsplit(".", 1)[-1], patterns=[], created_ms=now_ms(),
                                            state="failed", error=f"malformed snapshot request: {exc}")
