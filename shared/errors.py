@@ -15,7 +15,8 @@ BinlakeError                      retriable = False
     ├── DecodeError               a binlog event that cannot be decoded exactly
     ├── OversizeEvent             one row does not fit into a message
     ├── StreamMismatch            a JetStream stream exists with an incompatible definition
-    └── LeaseLost                 another instance owns the lease now
+    ├── LeaseLost                 another instance owns the lease now
+    └── ForeignValue              a KV value binlake did not write (e.g. a server reply relayed into it)
 ```
 """
 
@@ -92,3 +93,7 @@ class StreamMismatch(FatalError):
 
 class LeaseLost(FatalError):
     """Another instance owns the lease now."""
+
+
+class ForeignValue(FatalError):
+    """A KV value binlake did not write: a NATS server reply relayed into the bucket, or garbage."""

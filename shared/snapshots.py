@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from shared import kv_values
 from shared.patterns import cached
 
 PENDING, RUNNING, DONE, FAILED, DROPPED = "pending", "running", "done", "failed", "dropped"
@@ -67,8 +68,10 @@ class TableProgress:
         return json.dumps(d).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> TableProgress:
-        d = json.loads(data)
+    def from_json(cls, data: bytes, key: str = "snapshot.<source>.table.<db>.<table>",
+                  bucket: str | None = None) -> TableProgress:
+        """Progress as stored at `key`; ForeignValue when binlake did not write it (a relayed server reply)."""
+        d = kv_values.load_json(data, key, bucket)
         d["last_key"] = _unpack_key(d.get("last_key"))
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
@@ -94,8 +97,10 @@ class SnapshotRequest:
         return json.dumps(asdict(self)).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> SnapshotRequest:
-        d = json.loads(data)
+    def from_json(cls, data: bytes, key: str = "snapshot.<source>.request.<id>",
+                  bucket: str | None = None) -> SnapshotRequest:
+        """A request as stored at `key`; ForeignValue when binlake did not write it (its `error` is text)."""
+        d = kv_values.load_json(data, key, bucket)
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
 

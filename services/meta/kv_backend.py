@@ -15,7 +15,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from services.meta.backend import Conflict, CursorEntry, SchemaRecord
-from shared import jetstream, keys
+from shared import jetstream, keys, kv_values
 from shared.jetstream import nats_errors
 
 
@@ -52,7 +52,9 @@ class KvBackend:
                 return None
         if entry.value is None or entry.revision is None:
             return None
-        return CursorEntry(key, json.loads(entry.value), entry.revision)
+        # Every cursor a caller (the store, a rewind) reads or compares goes through here: a
+        # server reply relayed into the key is refused (the caller's request fails with the reason).
+        return CursorEntry(key, kv_values.load_json(entry.value, key, self._buckets[0]), entry.revision)
 
     async def put(self, key: str, value: dict[str, Any], expected_revision: int | None) -> int:
         data = json.dumps(value).encode()

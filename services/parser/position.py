@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from services.parser.transactions import Outgoing, Resume, SkipMark
-from shared import cas, envelope, keys
+from shared import cas, envelope, keys, kv_values
 from shared.actor import Latest, raise_if_cancelled
 from shared.errors import NatsUnavailable, StreamMismatch
 from shared.jetstream import TRANSIENT, header, last_msg
@@ -100,8 +100,8 @@ async def saved_position(kv: KeyValue, source: str) -> Resume | None:
         return None
     except TRANSIENT as exc:
         raise NatsUnavailable(f"parser cursor: {exc!r}") from exc
+    saved = kv_values.load_json(entry.value, keys.parser_cursor(source))  # a relayed server reply halts here
     try:
-        saved = json.loads(entry.value or b"{}")
         return Resume(str(saved["file"]), int(saved["offset"]), saved.get("gtid") or None)
     except (ValueError, KeyError, TypeError) as exc:
         raise StreamMismatch(
@@ -151,8 +151,9 @@ class PositionReporter:
         value = json.dumps({"source": self._source, "file": r.file, "offset": r.offset, "gtid": r.gtid,
                             "scn": scn, "ts": msg.ts, "lag_ms": max(0, now_ms - msg.ts),
                             "updated_ms": now_ms}).encode()
-        written = await cas.write_forward(self._kv, self._key, value, self._revision,
-                                          lambda stored: int(json.loads(stored or b"{}").get("scn", 0)) > scn)
+        written = await cas.write_forward(
+            self._kv, self._key, value, self._revision,
+            lambda stored: int(kv_values.load_json(stored, self._key).get("scn", 0)) > scn)
         self._revision = written.revision
         if written.stored:
             self._scn.set(scn)

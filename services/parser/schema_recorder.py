@@ -23,9 +23,9 @@ import structlog
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared import cas, envelope, keys
+from shared import cas, envelope, keys, kv_values
 from shared.actor import raise_if_cancelled
-from shared.errors import BinlakeError, NatsUnavailable, TransientError
+from shared.errors import NatsUnavailable, TransientError
 from shared.jetstream import nats_errors
 from shared.meta_client import MetaClient
 from shared.metrics import Registry
@@ -58,9 +58,9 @@ class SchemaRecorder:
     async def run(self) -> None:
         try:
             await self._record()
-        except BinlakeError:
-            # A stop (or a lost lease) that a NATS request swallowed comes out as its error
-            # (CPython gh-86296): end here, or the supervisor would restart us forever.
+        except Exception:
+            # A stop (or a lost lease) that a NATS request swallowed comes out as its error, of
+            # whatever type (CPython gh-86296): end here, or the supervisor would restart us forever.
             raise_if_cancelled()
             raise
 
@@ -77,6 +77,7 @@ class SchemaRecorder:
         saved, saved_at = seq, time.monotonic()
         try:
             while True:
+                raise_if_cancelled()  # a cancel swallowed by a request in _load or the reader's _open
                 for m in await reader.fetch(wait_s=1.0):
                     await self._consider(m.subject, m.headers or {}, m.metadata.sequence.stream)
                     seq = m.metadata.sequence.stream
@@ -104,7 +105,7 @@ class SchemaRecorder:
         with nats_errors(f"cursor {self._key}"):
             try:
                 entry = await self._kv.get(self._key)
-                return _seq(entry.value), entry.revision
+                return _seq(entry.value, self._key, self._names.cursors_bucket), entry.revision
             except nats.js.errors.KeyNotFoundError:
                 pass
             try:
@@ -113,7 +114,7 @@ class SchemaRecorder:
                 legacy = await self._kv.get(keys.legacy_schema_recorder(self._source))
             except nats.js.errors.KeyNotFoundError:
                 return 0, None
-        seq = _seq(legacy.value)
+        seq = _seq(legacy.value, keys.legacy_schema_recorder(self._source), self._names.cursors_bucket)
         self.log.info("schema.cursor_migrated", raw_seq=seq, key=keys.legacy_schema_recorder(self._source))
         return seq, None
 
@@ -121,8 +122,9 @@ class SchemaRecorder:
         # Compare-and-set: a parser that just lost the lease may still be saving; the cursor only
         # moves forward (unless the stream started again).
         value = json.dumps({"seq": seq}).encode()
+        bucket = self._names.cursors_bucket
         written = await cas.write_forward(self._kv, self._key, value, revision,
-                                          lambda stored: not force and _seq(stored) >= seq)
+                                          lambda stored: not force and _seq(stored, self._key, bucket) >= seq)
         return written.revision
 
     async def _consider(self, subject: str, headers: dict[str, str], seq: int) -> None:
@@ -176,11 +178,11 @@ def _record_of(env: dict[str, Any], op: str | None) -> dict[str, Any]:
     return {"db": db, "table": table, "scn": scn, "schema": schema, "ddl": ddl, "ts": ts}
 
 
-def _seq(stored: bytes | None) -> int:
-    """The sequence in a stored cursor value; 0 (record again from the start: idempotent) when unreadable."""
-    try:
-        value = json.loads(stored or b"{}")
-        seq = value["seq"] if isinstance(value, dict) else 0
-    except (ValueError, KeyError):
-        return 0
+def _seq(stored: bytes | None, key: str, bucket: str) -> int:
+    """The sequence in a stored cursor value; 0 (record again from the start: idempotent) when it has none.
+
+    A value that is no JSON object, or one the NATS server relayed into the key (a publish ack
+    has a `seq` too), is ForeignValue: recording would skip schemas.
+    """
+    seq = kv_values.load_json(stored, key, bucket).get("seq")
     return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else 0

@@ -31,7 +31,7 @@ from nats.js.kv import KeyValue
 
 from services.sink.fence import Out, SubjectFence
 from services.sink.rules import Rules, TableRules
-from shared import cas, envelope, jetstream, keys
+from shared import cas, envelope, jetstream, keys, kv_values
 from shared.errors import FatalError, NatsUnavailable
 from shared.metrics import Registry
 from shared.ordered_reader import OrderedReader
@@ -266,7 +266,8 @@ class PartitionWorker:
         except nats.js.errors.KeyNotFoundError:
             self._cursor, self._revision = 0, None
             return
-        value = json.loads(entry.value or b"{}")
+        # A cursor from before `seen` existed has only `seq`; one the server relayed here is refused.
+        value = kv_values.load_json(entry.value, self._key, self._names.cursors_bucket)
         self._cursor = self._committed = int(value.get("seq", 0))
         self._seen = self._committed_seen = int(value.get("seen", 0))
         self._revision = entry.revision
@@ -282,8 +283,9 @@ class PartitionWorker:
             return
         value = json.dumps({"seq": cursor, "seen": seen, "updated_ms": int(time.time() * 1000)}).encode()
         try:
-            written = await cas.write_forward(self._cursors, self._key, value, self._revision,
-                                              lambda stored: _stored(stored) >= (cursor, seen))
+            written = await cas.write_forward(
+                self._cursors, self._key, value, self._revision,
+                lambda stored: _stored(stored, self._key, self._names.cursors_bucket) >= (cursor, seen))
         except nats.errors.Error as exc:
             raise NatsUnavailable(f"cursor {self._key}: {exc!r}") from exc
         self._revision = written.revision
@@ -291,6 +293,6 @@ class PartitionWorker:
             self._committed, self._committed_seen = cursor, seen
 
 
-def _stored(value: bytes | None) -> tuple[int, int]:
-    stored = json.loads(value or b"{}")
+def _stored(value: bytes | None, key: str, bucket: str) -> tuple[int, int]:
+    stored = kv_values.load_json(value, key, bucket)
     return int(stored.get("seq", 0)), int(stored.get("seen", 0))

@@ -46,7 +46,7 @@ from services.parser.values import DecodeStats
 from shared import keys
 from shared import snapshots as snap
 from shared.actor import raise_if_cancelled
-from shared.errors import BinlakeError, FatalError, OversizeEvent, SnapshotConflict, SourceUnavailable
+from shared.errors import BinlakeError, FatalError, ForeignValue, OversizeEvent, SnapshotConflict, SourceUnavailable
 from shared.jetstream import kv_entries, nats_errors
 from shared.metrics import Registry
 from shared.mysql import MysqlUrl, map_mysql_error
@@ -189,7 +189,8 @@ class Snapshotter:
         out = {}
         for key, value, rev in await kv_entries(self.js, self.bucket, keys.snapshot_tables(self.cfg.source)):
             try:
-                out[key] = (snap.TableProgress.from_json(value), rev)
+                # ForeignValue (a server reply relayed into the key) is not caught: the parser halts.
+                out[key] = (snap.TableProgress.from_json(value, key, self.bucket), rev)
             except (ValueError, TypeError, KeyError) as exc:
                 self.log.error("snapshot.bad_progress_entry", key=key, error=repr(exc),
                                hint=f"delete it: nats kv del {self.bucket} {key}")
@@ -227,11 +228,13 @@ class Snapshotter:
         fresh = []
         for key, value, rev in entries:
             try:
-                req = snap.SnapshotRequest.from_json(value)
+                req = snap.SnapshotRequest.from_json(value, key, self.bucket)
                 for pattern in req.patterns:
                     compile_pattern(pattern)
-            except (ValueError, TypeError, KeyError) as exc:
-                # Not written by `binlake snapshot`: answer it, never fail on it.
+            except (ValueError, TypeError, KeyError, ForeignValue) as exc:
+                # Not written by `binlake snapshot`: answer it, never fail on it (a request is no
+                # position: nothing is lost). Its history keeps what was there.
+                self.log.error("snapshot.bad_request", key=key, error=str(exc))
                 bad = snap.SnapshotRequest(id=key.rsplit(".", 1)[-1], patterns=[], created_ms=now_ms(),
                                            state="failed", error=f"malformed snapshot request: {exc}")
                 await self._answer(key, bad, rev)

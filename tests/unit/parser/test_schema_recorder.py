@@ -8,6 +8,7 @@ import pytest
 
 from services.parser.schema_recorder import _record_of, _seq
 from shared import envelope, keys
+from shared.errors import ForeignValue
 
 SCHEMA = {"id": "s1", "columns": [{"name": "id", "type": "int"}]}
 
@@ -41,11 +42,21 @@ def test_an_envelope_without_what_the_history_needs_is_undecodable(fields: dict[
 
 
 @pytest.mark.parametrize(("stored", "seq"), [
-    (b'{"seq": 42}', 42), (b'{"seq": 0}', 0), (b"", 0), (None, 0), (b"not json", 0), (b"[1]", 0),
-    (b'{"seq": "42"}', 0), (b'{"seq": -1}', 0), (b'{"seq": true}', 0), (b"{}", 0),
+    (b'{"seq": 42}', 42), (b'{"seq": 0}', 0), (b'{"seq": "42"}', 0), (b'{"seq": -1}', 0), (b'{"seq": true}', 0),
+    (b"{}", 0),
 ])
-def test_an_unreadable_cursor_means_record_again_from_the_start(stored: bytes | None, seq: int) -> None:
-    assert _seq(stored) == seq
+def test_a_cursor_without_a_usable_seq_means_record_again_from_the_start(stored: bytes, seq: int) -> None:
+    assert _seq(stored, "parser.main.schema", "binlake_cursors") == seq
+
+
+@pytest.mark.parametrize("stored", [
+    b'{"stream": "KV_binlake_leases", "seq": 6}',  # a publish ack relayed into the key: would skip records
+    b'{"type": "io.nats.jetstream.api.v1.account_info_response", "seq": 3}',
+    b"", None, b"not json", b"[1]",
+])
+def test_a_value_binlake_did_not_write_halts_the_recorder(stored: bytes | None) -> None:
+    with pytest.raises(ForeignValue, match=r"parser\.main\.schema"):
+        _seq(stored, "parser.main.schema", "binlake_cursors")
 
 
 def test_its_cursor_key_is_the_parsers_own_and_no_other_sources() -> None:
