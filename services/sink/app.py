@@ -25,11 +25,10 @@ async def main(cfg: SinkConfig) -> None:
     async with runtime(cfg, "sink", registry) as nc:
         js = nc.jetstream()
         await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas)
-        members_kv = await jetstream.ensure_kv(js, names.members_bucket, ttl_s=cfg.member_ttl_s,
-                                                replicas=cfg.replicas)
+        await jetstream.ensure_kv(js, names.members_bucket, ttl_s=cfg.member_ttl_s, replicas=cfg.replicas)
         cursors = await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=cfg.replicas)
         view: Latest[frozenset[str]] = Latest()
-        membership = Membership(members_kv, cfg.source, cfg.instance, cfg.member_ttl_s, view)
+        membership = Membership(js, names.members_bucket, cfg.source, cfg.instance, cfg.member_ttl_s, view)
 
         def make_worker(p: int) -> PartitionWorker:
             settings = PartitionSettings(cfg.source, p, cfg.batch, cfg.cursor_interval_s, cfg.publish_timeout_s)

@@ -6,6 +6,11 @@ A member whose renewals stop for a TTL is dead; the TTL is measured against this
 own renewals as the watcher sees them, so a bus that stalls (a JetStream leader election)
 stalls every member alike and nobody is dropped. A worker that stops cleanly deletes its
 key, so the others rebalance at once.
+
+Every renewal carries the header `Binlake-Member: <its key>`. NATS does not check reply
+subjects: a user that may publish to any JetStream subject can name a member key's subject
+as its reply, and the server's ack is stored there with no headers. Such an entry is no
+member (it would be given partitions that then stall): the watcher ignores it and says so.
 """
 
 from __future__ import annotations
@@ -14,14 +19,24 @@ import asyncio
 import contextlib
 import json
 import time
+from dataclasses import dataclass
 
 import nats.errors
 import nats.js.errors
 import structlog
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 
 from shared import keys
 from shared.actor import Latest
+from shared.subjects import kv_stream, kv_subject
+
+MEMBER_HEADER = "Binlake-Member"
+"""On each renewal: the member's own key. A server reply relayed into the bucket carries no headers."""
+_GONE_MARKERS = frozenset({"MaxAge", "Purge", "Remove"})  # Nats-Marker-Reason of a server-removed key
 
 
 class MemberClock:
@@ -47,15 +62,72 @@ class MemberClock:
         return frozenset({self.me} | {k for k, t in self._seen.items() if mine - t <= self._ttl})
 
 
+@dataclass(frozen=True)
+class Update:
+    """What one entry of the members bucket says."""
+
+    key: str
+    gone: bool  # deleted, purged, or removed by the server
+    member: bool  # a renewal by the member itself (it carries MEMBER_HEADER naming its key)
+
+
+def update_of(prefix: str, subject: str, headers: dict[str, str]) -> Update | None:
+    """Pure: the update a members-bucket message means (None: a server marker of an unknown kind)."""
+    key = subject[len(prefix):]
+    if headers.get(KV_OP) in (KV_DEL, KV_PURGE):
+        return Update(key, gone=True, member=False)
+    if "Nats-Marker-Reason" in headers:
+        return Update(key, gone=True, member=False) if headers["Nats-Marker-Reason"] in _GONE_MARKERS else None
+    return Update(key, gone=False, member=headers.get(MEMBER_HEADER) == key)
+
+
+class MemberWatch:
+    """An ordered, headers-only watch of the member keys that keeps each entry's headers.
+
+    nats.py's KV watcher drops them, and they are what tells a member's renewal from a server
+    reply relayed into the bucket.
+    """
+
+    def __init__(self, js: JetStreamContext, bucket: str, prefix: str) -> None:
+        self._js = js
+        self._bucket = bucket
+        self._filter = kv_subject(bucket, f"{prefix}>")
+        self._updates: asyncio.Queue[Update | None] = asyncio.Queue(1_000)
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        self._sub = await self._js.subscribe(self._filter, stream=kv_stream(self._bucket), cb=self._on_msg,
+                                             ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                                             headers_only=True, inactive_threshold=300.0)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        await self._updates.put(update_of(kv_subject(self._bucket, ""), msg.subject, dict(msg.headers or {})))
+
+    async def next(self, timeout: float) -> Update | None:
+        """The next update, or None when none came within `timeout` seconds."""
+        try:
+            return await asyncio.wait_for(self._updates.get(), timeout)
+        except TimeoutError:
+            return None
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
+                await asyncio.wait_for(self._sub.unsubscribe(), 2)
+
+
 class Membership:
     """Actor: announce this worker and publish the sorted live member names into `view`."""
 
-    def __init__(self, kv: KeyValue, source: str, instance: str, ttl_s: float, view: Latest[frozenset[str]]) -> None:
-        self._kv = kv
+    def __init__(self, js: JetStreamContext, bucket: str, source: str, instance: str, ttl_s: float,
+                 view: Latest[frozenset[str]]) -> None:
+        self._js = js
+        self._bucket = bucket
         self._prefix = keys.members_prefix(source)
         self.key = keys.member(source, instance)
         self._ttl = ttl_s
         self._view = view
+        self._foreign: set[str] = set()  # keys already reported as not a member's
         self.log = structlog.get_logger().bind(actor="membership")
 
     async def run(self) -> None:
@@ -64,37 +136,39 @@ class Membership:
         clock = MemberClock(self.key, self._ttl)
         last: frozenset[str] | None = None
         beat = 0.0
-        watcher: KeyValue.KeyWatcher | None = None
+        watcher: MemberWatch | None = None
         observed = time.monotonic()  # when the watcher last showed our own renewal
         try:
             while True:
                 try:
                     now = time.monotonic()
                     if now - beat > self._ttl / 3:
-                        await self._kv.put(self.key, value)
+                        # A put with a header (KeyValue.put has none): the bucket's TTL applies as before.
+                        await self._js.publish(kv_subject(self._bucket, self.key), value,
+                                               headers={MEMBER_HEADER: self.key})
                         beat = now
                     if watcher is not None and now - observed > self._ttl:
                         # Our renewals succeed but never show: the watcher's consumer is lost.
                         self.log.warning("membership.rewatch")
-                        await _stop(watcher)
+                        await watcher.stop()
                         watcher = None
                     if watcher is None:
-                        watcher = await self._kv.watch(f"{self._prefix}>", meta_only=True)
+                        watcher = MemberWatch(self._js, self._bucket, self._prefix)
+                        await watcher.start()
                         observed = time.monotonic()
-                    try:
-                        entry = await watcher.updates(timeout=min(1.0, self._ttl / 6))  # type: ignore[no-untyped-call]
-                    except (nats.errors.TimeoutError, TimeoutError):
-                        entry = None
+                    update = await watcher.next(timeout=min(1.0, self._ttl / 6))
                 except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
                     self.log.warning("membership.bus_error", error=repr(exc))
                     await asyncio.sleep(min(1.0, self._ttl / 6))
                     continue
-                if entry is not None and entry.operation in (KV_DEL, KV_PURGE):
-                    clock.left(entry.key)
-                elif entry is not None:
-                    clock.renewed(entry.key, time.monotonic())
-                    if entry.key == self.key:
+                if update is not None and update.gone:
+                    clock.left(update.key)
+                elif update is not None and update.member:
+                    clock.renewed(update.key, time.monotonic())
+                    if update.key == self.key:
                         observed = time.monotonic()
+                elif update is not None:
+                    self._not_a_member(update.key)
                 members = clock.alive()
                 if members != last:
                     self.log.info("membership.changed", members=sorted(members))
@@ -102,16 +176,23 @@ class Membership:
                     last = members
         finally:
             if watcher is not None:
-                await _stop(watcher)
+                await watcher.stop()
             await self.leave()
+
+    def _not_a_member(self, key: str) -> None:
+        """An entry without the member header: no renewal. Said once per key."""
+        if key in self._foreign:
+            return
+        self._foreign.add(key)
+        self.log.warning("membership.foreign_entry", key=key, bucket=self._bucket,
+                         reason=f"its latest value has no {MEMBER_HEADER} header, so no sink worker wrote it: most "
+                                "likely a NATS user named its subject as a reply subject and the server stored its "
+                                "answer there",
+                         hint=f"find who (nats kv history {self._bucket} {key}) and stop them; the key is ignored "
+                              f"and expires with the bucket's TTL (or: nats kv del {self._bucket} {key})")
 
     async def leave(self) -> None:
         try:
-            await asyncio.wait_for(self._kv.delete(self.key), 2)
+            await asyncio.wait_for(self._js.publish(kv_subject(self._bucket, self.key), headers={KV_OP: KV_DEL}), 2)
         except (nats.errors.Error, TimeoutError, nats.js.errors.Error):
             pass  # the TTL removes it anyway
-
-
-async def _stop(watcher: KeyValue.KeyWatcher) -> None:
-    with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
-        await asyncio.wait_for(watcher.stop(), 2)  # type: ignore[no-untyped-call]

@@ -85,10 +85,13 @@ def test_node_kills_under_load_lose_and_double_nothing(stack: Stack, nats_cluste
     thread = workload.start()
     wait_until(lambda: workload.changes > 3000 or workload.error is not None, 120, "the workload to get going")
 
+    wanted = (names.raw_stream, names.cdc_stream, names.dlq_stream, kv_stream(names.cursors_bucket),
+              kv_stream(names.leases_bucket), kv_stream(names.members_bucket), kv_stream(names.schema_bucket))
+    # The sink creates BINLAKE_DLQ when it starts, which on a loaded machine may come after the
+    # first changes; every stream binlake defines must be there with three replicas.
+    wait_until(lambda: set(wanted) <= set(asyncio.run(_replicas(nats_cluster.url))), 60, "every stream to exist")
     replicas = asyncio.run(_replicas(nats_cluster.url))
-    for stream in (names.raw_stream, names.cdc_stream, names.dlq_stream, kv_stream(names.cursors_bucket),
-                   kv_stream(names.leases_bucket), kv_stream(names.members_bucket),
-                   kv_stream(names.schema_bucket)):
+    for stream in wanted:
         assert replicas.get(stream) == 3, (stream, replicas)
 
     # One node (not the one the test reads through) dies and comes back.
