@@ -212,11 +212,14 @@ class BinlogReader:
 
     def _table_map(self, event: Any) -> None:
         # The TableMap body after its table id is identical while the table's schema is, so
-        # compiled decoders are cached by those bytes.
-        key = bytes(event.packet.packet._data[26:])
+        # compiled decoders are cached by those bytes: from after the table id (the OK byte and
+        # the 19-byte header come first) to the body's end, without the event's CRC32, which
+        # covers the header and so differs in every event.
+        key = bytes(event.packet.packet._data[26 : 20 + event.event_size])
         schema = self._schemas.get(key)
         if schema is None:
             schema = schema_from_table_map(event, self.stats)
+            self.stats.schemas_compiled += 1
             if len(self._schemas) > 10_000:
                 self._schemas.clear()
             self._schemas[key] = schema

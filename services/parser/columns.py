@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.parser import values as v
+from services.parser.rows import Image, image_decoder
 from shared.envelope import pack_schema
 from shared.errors import DecodeError, SourceMisconfigured
 
@@ -75,6 +76,7 @@ class TableSchema:
     pk: tuple[str, ...]
     names: tuple[str, ...] = field(init=False)
     decoders: tuple[v.Decoder, ...] = field(init=False)
+    image: Image = field(init=False)  # one row image -> (row, next position)
     described: dict[str, Any] = field(init=False)
     packed: bytes = field(init=False)
     id: str = field(init=False)
@@ -90,6 +92,7 @@ class TableSchema:
             except DecodeError as exc:
                 raise DecodeError(f"{self.db}.{self.table}.{c.name}: {exc}") from None
         set_(self, "decoders", tuple(decoders))
+        set_(self, "image", image_decoder(self.names, self.decoders))
         cols = [c.describe() for c in self.columns]
         sid = hashlib.blake2b(pack_schema({"c": cols, "pk": list(self.pk)}), digest_size=8).hexdigest()
         set_(self, "id", sid)

@@ -56,6 +56,8 @@ class Pipeline:
         self.published = registry.counter("parser_messages_total", "Messages acked by JetStream")
         self.events = registry.counter("parser_binlog_events_total", "Binlog events read")
         self.zero_dates = registry.counter("parser_zero_dates_total", "Zero or invalid dates decoded as null")
+        self.schemas_compiled = registry.counter("parser_table_schemas_compiled_total",
+                                                 "TableMaps compiled into decoders (a new table or schema)")
         self.log = log.bind(actor="pipeline")
 
     async def run(self) -> None:
@@ -124,7 +126,7 @@ class Pipeline:
                 if task.done() and not task.cancelled():
                     task.exception()  # retrieved: the first error was raised above
             publisher.abandon()
-            self.zero_dates.set(reader.stats.zero_dates)
+            self._export(reader)
             await asyncio.get_running_loop().run_in_executor(None, thread.join, 10.0)
 
     async def _pump(self, bridge: ThreadBridge[Outgoing], publisher: Publisher, reader: BinlogReader) -> None:
@@ -136,11 +138,16 @@ class Pipeline:
                 await publisher.flush()
                 self.events.inc(reader.events - counted)
                 counted = reader.events
+                self._export(reader)
                 try:
                     batch = await bridge.get()
                 except EOFError:
                     raise SourceUnavailable("the binlog reader stopped") from None
             await publisher.publish(batch)
+
+    def _export(self, reader: BinlogReader) -> None:
+        self.zero_dates.set(reader.stats.zero_dates)
+        self.schemas_compiled.set(reader.stats.schemas_compiled)
 
     def _acked(self, complete: Outgoing | None, count: int) -> None:
         """`count` messages were acked since the last call; `complete` ends the newest whole transaction."""

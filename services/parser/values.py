@@ -34,6 +34,7 @@ class DecodeStats:
     """Counters the decoders bump; exported as metrics by the parser."""
 
     zero_dates: int = 0
+    schemas_compiled: int = 0  # TableMaps turned into decoders (the rest hit the cache)
 
 
 @dataclass(frozen=True)
@@ -86,38 +87,44 @@ def _float(buf: bytes, pos: int) -> tuple[Any, int]:
 
 
 def _decimal(precision: int, scale: int) -> Decoder:
+    """DECIMAL: 9-digit groups in 4 big-endian bytes, partial groups in fewer, the sign in the
+    top bit and negatives in ones' complement. Read as one integer and taken apart with shifts:
+    a third of the cost of slicing and formatting group by group."""
     intg = precision - scale
     intg0, intg0x = divmod(intg, 9)
     frac0, frac0x = divmod(scale, 9)
     lead = _DIG2BYTES[intg0x]
     trail = _DIG2BYTES[frac0x]
     size = lead + 4 * intg0 + 4 * frac0 + trail
-    int_end = lead + 4 * intg0
+    bits = 8 * size
+    sign = 1 << (bits - 1)
+    ones = (1 << bits) - 1
+    # (shift, mask) of each integer group after the lead, most significant first; the fraction's
+    # groups also carry the power of ten they make room for.
+    int_groups = [(bits - 8 * lead - 32 * (i + 1), 0xFFFFFFFF) for i in range(intg0)]
+    frac_groups = [(8 * trail + 32 * (frac0 - 1 - i), 0xFFFFFFFF, 1_000_000_000) for i in range(frac0)]
+    if trail:
+        frac_groups.append((0, (1 << (8 * trail)) - 1, 10**frac0x))
+    lead_shift = bits - 8 * lead
+    text_of = f"{{}}.{{:0{scale}d}}".format
 
     def decode(buf: bytes, pos: int) -> tuple[Any, int]:
-        raw = bytearray(buf[pos : pos + size])
-        negative = not raw[0] & 0x80
-        raw[0] ^= 0x80
-        if negative:
-            raw = bytearray(b ^ 0xFF for b in raw)
-        parts = []
-        if lead:
-            parts.append(str(int.from_bytes(raw[:lead], "big")))
-        for off in range(lead, int_end, 4):
-            parts.append(f"{int.from_bytes(raw[off : off + 4], 'big'):09d}")
-        integer = "".join(parts).lstrip("0") or "0"
+        raw = int.from_bytes(buf[pos : pos + size], "big")
+        negative = not raw & sign
+        raw = (raw ^ ones if negative else raw) & ~sign & ones
+        integer = raw >> lead_shift
+        for shift, mask in int_groups:
+            integer = integer * 1_000_000_000 + ((raw >> shift) & mask)
         if scale:
-            frac_end = int_end + 4 * frac0
-            frac = [f"{int.from_bytes(raw[off : off + 4], 'big'):09d}" for off in range(int_end, frac_end, 4)]
-            if trail:
-                frac.append(f"{int.from_bytes(raw[frac_end:], 'big'):0{frac0x}d}")
-            fraction = "".join(frac)
-            text = f"{integer}.{fraction}"
-            is_zero = integer == "0" and not fraction.strip("0")
+            fraction = 0
+            for shift, mask, base in frac_groups:
+                fraction = fraction * base + ((raw >> shift) & mask)
+            text = text_of(integer, fraction)
+            zero = not integer and not fraction
         else:
-            text = integer
-            is_zero = integer == "0"
-        return ("-" + text if negative and not is_zero else text), pos + size
+            text = str(integer)
+            zero = not integer
+        return ("-" + text if negative and not zero else text), pos + size
 
     return decode
 
@@ -151,23 +158,48 @@ def _date(stats: DecodeStats) -> Decoder:
     return decode
 
 
+_SEEN = 65_536  # dates and times of day remembered per column (a table's values repeat)
+
+
 def _datetime2(fsp: int, stats: DecodeStats) -> Decoder:
-    nfrac, read_frac = _fraction(fsp)
+    """DATETIME(fsp): 5 bytes of packed date and time, then the fraction. The date's text (or its
+    invalidity) and the time of day's text are remembered per value: most rows of a busy table
+    share the day, many the second."""
+    nfrac = (fsp + 1) // 2
+    frac_scale = (0, 10_000, 100, 1)[nfrac]
+    frac_mask = (1 << (8 * nfrac)) - 1
+    frac_bits = 8 * nfrac
+    days: dict[int, str | None] = {}
+    times: dict[int, str] = {}
 
     def decode(buf: bytes, pos: int) -> tuple[Any, int]:
-        v = int.from_bytes(buf[pos : pos + 5], "big") - 0x8000000000
-        ymd, hms = v >> 17, v & 0x1FFFF
-        year, month = divmod(ymd >> 5, 13)
-        day = ymd & 31
         end = pos + 5 + nfrac
-        if not valid_date(year, month, day):
+        packed = int.from_bytes(buf[pos:end], "big")
+        v = (packed >> frac_bits) - 0x8000000000
+        ymd = v >> 17
+        try:
+            day = days[ymd]
+        except KeyError:
+            year, month = divmod(ymd >> 5, 13)
+            d = ymd & 31
+            day = f"{year:04d}-{month:02d}-{d:02d}T" if valid_date(year, month, d) else None
+            if len(days) >= _SEEN:
+                days.clear()
+            days[ymd] = day
+        if day is None:
             stats.zero_dates += 1
             return None, end
-        frac = _frac_text(read_frac(buf, pos + 5), fsp)
-        return (
-            f"{year:04d}-{month:02d}-{day:02d}T{hms >> 12:02d}:{(hms >> 6) & 63:02d}:{hms & 63:02d}{frac}",
-            end,
-        )
+        hms = v & 0x1FFFF
+        try:
+            clock = times[hms]
+        except KeyError:
+            clock = f"{hms >> 12:02d}:{(hms >> 6) & 63:02d}:{hms & 63:02d}"
+            if len(times) >= _SEEN:
+                times.clear()
+            times[hms] = clock
+        if not fsp:
+            return day + clock, end
+        return day + clock + f".{(packed & frac_mask) * frac_scale:06d}"[: fsp + 1], end
 
     return decode
 

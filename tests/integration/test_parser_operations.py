@@ -393,6 +393,8 @@ def test_metrics_and_healthz(mariadb: MariaDB, database: str, parser_factory: Pa
     assert 0 <= values["binlake_parser_lag_seconds"] < 60
     assert values["binlake_parser_pipeline_starts_total"] == 1
     assert values["binlake_parser_messages_total"] >= 1
+    # 20 transactions of one table: its TableMap is compiled once, then found in the cache.
+    assert values["binlake_parser_table_schemas_compiled_total"] == 1
     assert http_get(f"{base}/healthz") == (200, "ok\n")
 
 
