@@ -31,6 +31,7 @@ from nats.js.kv import KeyValue
 
 from shared.errors import ConfigError, NatsUnavailable, StreamMismatch
 from shared.logging import redact
+from shared.nats_client import Client
 from shared.subjects import Names, kv_stream, kv_subject
 
 if TYPE_CHECKING:  # shared.config needs shared.actor, which needs this module
@@ -114,13 +115,13 @@ async def connect(url: str, name: str, *, auth: NatsSettings | None = None, conn
         log.info("nats.reconnected", url=shown)
 
     try:
-        nc = await asyncio.wait_for(nats.connect(
-            servers, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5, ping_interval=10, max_outstanding_pings=3,
-            allow_reconnect=True, error_cb=on_error, disconnected_cb=on_disconnected,
-            reconnected_cb=on_reconnected, **login,
-        ), first_connect_s)
+        nc = Client()
         holder.append(nc)
+        options: dict[str, Any] = dict(  # nats-py types whole seconds, and takes fractions
+            name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+            ping_interval=10, max_outstanding_pings=3, allow_reconnect=True, error_cb=on_error,
+            disconnected_cb=on_disconnected, reconnected_cb=on_reconnected, **login)
+        await asyncio.wait_for(nc.connect(servers, **options), first_connect_s)
     except (OSError, nats.errors.Error, TimeoutError) as exc:
         refused = _refusal(exc, shown) or next((r for e in seen_errors if (r := _refusal(e, shown))), None)
         if refused:
