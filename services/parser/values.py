@@ -158,19 +158,20 @@ def _date(stats: DecodeStats) -> Decoder:
     return decode
 
 
-_SEEN = 65_536  # dates and times of day remembered per column (a table's values repeat)
+_SEEN = 65_536  # dates and times of day remembered (for every DATETIME column: the texts are the same)
+_DAYS: dict[int, str | None] = {}  # packed year/month/day -> "YYYY-MM-DDT", or None when not a date
+_TIMES: dict[int, str] = {}  # packed time of day -> "hh:mm:ss"
 
 
 def _datetime2(fsp: int, stats: DecodeStats) -> Decoder:
     """DATETIME(fsp): 5 bytes of packed date and time, then the fraction. The date's text (or its
-    invalidity) and the time of day's text are remembered per value: most rows of a busy table
-    share the day, many the second."""
+    invalidity) and the time of day's text are remembered (`_DAYS`, `_TIMES`, bounded): most rows
+    of a busy table share the day, many the second."""
     nfrac = (fsp + 1) // 2
     frac_scale = (0, 10_000, 100, 1)[nfrac]
     frac_mask = (1 << (8 * nfrac)) - 1
     frac_bits = 8 * nfrac
-    days: dict[int, str | None] = {}
-    times: dict[int, str] = {}
+    days, times = _DAYS, _TIMES
 
     def decode(buf: bytes, pos: int) -> tuple[Any, int]:
         end = pos + 5 + nfrac

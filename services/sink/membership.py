@@ -11,6 +11,8 @@ Every renewal carries the header `Binlake-Member: <its key>`. NATS does not chec
 subjects: a user that may publish to any JetStream subject can name a member key's subject
 as its reply, and the server's ack is stored there with no headers. Such an entry is no
 member (it would be given partitions that then stall): the watcher ignores it and says so.
+An entry without the header whose value names its own key is a worker from before the
+header (a rolling upgrade), and counts.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 
 from shared import keys
-from shared.actor import Latest
+from shared.actor import Latest, raise_if_cancelled
 from shared.subjects import kv_stream, kv_subject
 
 MEMBER_HEADER = "Binlake-Member"
@@ -71,14 +73,28 @@ class Update:
     member: bool  # a renewal by the member itself (it carries MEMBER_HEADER naming its key)
 
 
-def update_of(prefix: str, subject: str, headers: dict[str, str]) -> Update | None:
+def update_of(prefix: str, subject: str, headers: dict[str, str], data: bytes = b"") -> Update | None:
     """Pure: the update a members-bucket message means (None: a server marker of an unknown kind)."""
     key = subject[len(prefix):]
     if headers.get(KV_OP) in (KV_DEL, KV_PURGE):
         return Update(key, gone=True, member=False)
     if "Nats-Marker-Reason" in headers:
         return Update(key, gone=True, member=False) if headers["Nats-Marker-Reason"] in _GONE_MARKERS else None
-    return Update(key, gone=False, member=headers.get(MEMBER_HEADER) == key)
+    if MEMBER_HEADER in headers:
+        return Update(key, gone=False, member=headers[MEMBER_HEADER] == key)
+    return Update(key, gone=False, member=_names_itself(data, key))
+
+
+def _names_itself(data: bytes, key: str) -> bool:
+    """A renewal of a worker before the header (a rolling upgrade): its value names its own key.
+
+    No server reply has an `instance`, and a copy of another member's entry names that member.
+    """
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and value.get("instance") == key
 
 
 class MemberWatch:
@@ -96,19 +112,23 @@ class MemberWatch:
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
+        # With the values (a few bytes each): a worker from before the header is known by its value.
         self._sub = await self._js.subscribe(self._filter, stream=kv_stream(self._bucket), cb=self._on_msg,
                                              ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                                             headers_only=True, inactive_threshold=300.0)
+                                             inactive_threshold=300.0)
 
     async def _on_msg(self, msg: Msg) -> None:
-        await self._updates.put(update_of(kv_subject(self._bucket, ""), msg.subject, dict(msg.headers or {})))
+        await self._updates.put(update_of(kv_subject(self._bucket, ""), msg.subject, dict(msg.headers or {}),
+                                          msg.data or b""))
 
     async def next(self, timeout: float) -> Update | None:
         """The next update, or None when none came within `timeout` seconds."""
         try:
-            return await asyncio.wait_for(self._updates.get(), timeout)
+            update = await asyncio.wait_for(self._updates.get(), timeout)
         except TimeoutError:
             return None
+        raise_if_cancelled()  # wait_for may return the update and drop our stop (CPython gh-86296)
+        return update
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -153,8 +173,9 @@ class Membership:
                         await watcher.stop()
                         watcher = None
                     if watcher is None:
-                        watcher = MemberWatch(self._js, self._bucket, self._prefix)
-                        await watcher.start()
+                        started = MemberWatch(self._js, self._bucket, self._prefix)
+                        await started.start()  # a failed start is retried on the next turn
+                        watcher = started
                         observed = time.monotonic()
                     update = await watcher.next(timeout=min(1.0, self._ttl / 6))
                 except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:

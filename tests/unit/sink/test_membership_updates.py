@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from services.sink.membership import MEMBER_HEADER, Update, update_of
 from shared import keys
 from shared.subjects import Names, kv_subject
@@ -31,3 +33,13 @@ def test_deletes_purges_and_server_removals_are_departures() -> None:
                     {"Nats-Marker-Reason": "Remove"}, {"Nats-Marker-Reason": "Purge"}):
         assert update_of(PREFIX, subject, headers) == Update(KEY, gone=True, member=False)
     assert update_of(PREFIX, subject, {"Nats-Marker-Reason": "SomethingNew"}) is None
+
+
+def test_a_worker_from_before_the_header_counts_when_its_value_names_its_key() -> None:
+    subject = kv_subject(BUCKET, KEY)
+    legacy = json.dumps({"instance": KEY, "since_ms": 1}).encode()
+    assert update_of(PREFIX, subject, {}, legacy) == Update(KEY, gone=False, member=True)
+    # a server reply, another member's value copied here, or garbage: no member
+    for data in (b'{"stream":"KV_binlake_members","seq":6}', json.dumps({"instance": KEY + "x"}).encode(),
+                 b"\xff", b"[]", b""):
+        assert update_of(PREFIX, subject, {}, data) == Update(KEY, gone=False, member=False), data
