@@ -45,7 +45,8 @@ def encode_headers(headers: Mapping[str, str]) -> bytes | None:
         if key not in _GOOD_KEYS:
             if not _HEADER_KEY.fullmatch(key):
                 return None
-            _GOOD_KEYS.add(key)
+            if len(_GOOD_KEYS) < 256:  # binlake's few names; not every name a hostile message brings
+                _GOOD_KEYS.add(key)
     body = "".join([f"{k}: {v.strip()}\r\n" for k, v in headers.items()])
     if body.count("\n") != len(headers) or body.count("\r") != len(headers):
         return None  # a value with CR or LF: nats-py replaces them

@@ -203,7 +203,11 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig, *, repair: b
         try:
             info = await js.stream_info(config.name)
         except nats.js.errors.NotFoundError:
-            return await js.add_stream(config)
+            try:
+                return await js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                # Another service created it since (the store with its retention, say): check that one.
+                info = await js.stream_info(config.name)
     have = info.config.subject_transform
     want = config.subject_transform
     if (have.dest if have else None) != (want.dest if want else None):
@@ -259,11 +263,14 @@ async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl_s: float | None = 
             kv = await js.key_value(bucket)
             created = False
         except nats.js.errors.BucketNotFoundError:
-            kv = await js.create_key_value(
-                KeyValueConfig(bucket=bucket, ttl=ttl_s, history=history, storage=StorageType.FILE,
-                               replicas=replicas)
-            )
-            created = True
+            try:
+                kv = await js.create_key_value(
+                    KeyValueConfig(bucket=bucket, ttl=ttl_s, history=history, storage=StorageType.FILE,
+                                   replicas=replicas)
+                )
+                created = True
+            except nats.js.errors.BadRequestError:  # another service created it since, its way
+                kv, created = await js.key_value(bucket), False
         if created or repair:
             info = await js.stream_info(kv_stream(bucket))
             if info.config.allow_rollup_hdrs:

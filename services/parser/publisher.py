@@ -2,9 +2,9 @@
 
 Every message carries `Nats-Expected-Last-Msg-Id` = the id of the message before it, so the
 stream can only ever hold a prefix of what the parser produced: if one publish is lost, every
-later one is refused, and the restart resumes right after the stream's last message. Futures
-of acks can hang (nats.py #985), so every one is bounded by a deadline, and at most `window`
-messages are in flight.
+later one is refused, and the restart resumes right after the stream's last message. An ack
+can be lost with its connection, so every one is bounded by a deadline, and at most `window`
+messages are in flight (`shared.async_publisher`).
 """
 
 from __future__ import annotations

@@ -48,3 +48,38 @@ async def test_init_turns_off_rollups_and_turns_on_atomic_batches_of_an_older_de
         assert (await cursors.get("sink.main.p1")).value == b'{"seq": 5}'
     finally:
         await nc.close()
+
+
+async def test_a_stream_or_bucket_another_service_creates_meanwhile_is_taken(nats_url: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Services start together: the store creates BINLAKE_CDC with its retention between another
+    service's lookup and its create. The loser checks the winner's stream instead of failing."""
+    names = Names()
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    try:
+        await js.add_stream(jetstream.cdc_stream_config(names, max_age_s=7 * 86400.0))  # the store's, first
+        await js.create_key_value(KeyValueConfig(bucket=names.leases_bucket, ttl=2.0))  # a test parser's TTL
+        real_info, real_kv = js.stream_info, js.key_value
+        seen: set[str] = set()
+
+        async def not_yet(name: str, *args: object, **kwargs: object) -> object:
+            if name == names.cdc_stream and name not in seen:  # looked up just before the store's create
+                seen.add(name)
+                raise nats.js.errors.NotFoundError()
+            return await real_info(name)
+
+        async def no_bucket_yet(bucket: str) -> object:
+            if bucket not in seen:
+                seen.add(bucket)
+                raise nats.js.errors.BucketNotFoundError()
+            return await real_kv(bucket)
+
+        monkeypatch.setattr(js, "stream_info", not_yet)
+        monkeypatch.setattr(js, "key_value", no_bucket_yet)
+        info = await jetstream.ensure_stream(js, jetstream.cdc_stream_config(names))
+        assert info.config.max_age == 7 * 86400.0  # the store's stream, untouched
+        kv = await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=15.0)
+        assert kv is not None
+    finally:
+        await nc.close()

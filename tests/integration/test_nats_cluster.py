@@ -44,14 +44,20 @@ def nats_url(nats_cluster: NatsCluster) -> str:
 
 
 @pytest.fixture
+def procs() -> dict[str, ServiceProcess]:
+    """The stack's service processes by name (their output explains a failure)."""
+    return {}
+
+
+@pytest.fixture
 def stack(mariadb: MariaDB, database: str, nats_url: str, parser_factory: Callable[..., ServiceProcess],
           sink_factory: Callable[..., ServiceProcess], service_factory: Callable[..., ServiceProcess],
-          tmp_path: Path) -> Stack:
+          tmp_path: Path, procs: dict[str, ServiceProcess]) -> Stack:
     # The defaults ride out a leader election (the fixtures' 2 s TTLs are for quick failovers).
-    parser_factory(BINLAKE_LEASE_TTL_S="15", **R3)
-    sink_factory("sink", BINLAKE_MEMBER_TTL_S="15", **R3)
-    service_factory("services.meta", "meta", **R3)
-    service_factory("services.store", "store", **R3)
+    procs["parser"] = parser_factory(BINLAKE_LEASE_TTL_S="15", **R3)
+    procs["sink"] = sink_factory("sink", BINLAKE_MEMBER_TTL_S="15", **R3)
+    procs["meta"] = service_factory("services.meta", "meta", **R3)
+    procs["store"] = service_factory("services.store", "store", **R3)
     wait_until(lambda: services_answer(nats_url), 60, "meta and store to answer", interval=0.5)
     st = Stack(mariadb, database, nats_url, tmp_path / "data", service_factory)
     st.env_extra.update(R3)
@@ -77,7 +83,8 @@ async def _leader(url: str, stream: str) -> str:
         await nc.close()
 
 
-def test_node_kills_under_load_lose_and_double_nothing(stack: Stack, nats_cluster: NatsCluster) -> None:
+def test_node_kills_under_load_lose_and_double_nothing(stack: Stack, nats_cluster: NatsCluster,
+                                                      procs: dict[str, ServiceProcess]) -> None:
     names = Names()
     workload = LakeWorkload(stack.mariadb, stack.db, target=20000, rate=700)
     stack.start_loader()
@@ -89,7 +96,14 @@ def test_node_kills_under_load_lose_and_double_nothing(stack: Stack, nats_cluste
               kv_stream(names.leases_bucket), kv_stream(names.members_bucket), kv_stream(names.schema_bucket))
     # The sink creates BINLAKE_DLQ when it starts, which on a loaded machine may come after the
     # first changes; every stream binlake defines must be there with three replicas.
-    wait_until(lambda: set(wanted) <= set(asyncio.run(_replicas(nats_cluster.url))), 60, "every stream to exist")
+    def missing() -> set[str]:
+        return set(wanted) - set(asyncio.run(_replicas(nats_cluster.url)))
+
+    try:
+        wait_until(lambda: not missing(), 60, "every stream to exist")
+    except AssertionError:
+        logs = "\n".join(f"--- {name} (running: {p.running}):\n{p.output[-3000:]}" for name, p in procs.items())
+        raise AssertionError(f"{sorted(missing())} missing after 60 s; the services' output:\n{logs}") from None
     replicas = asyncio.run(_replicas(nats_cluster.url))
     for stream in wanted:
         assert replicas.get(stream) == 3, (stream, replicas)
