@@ -12,8 +12,10 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from shared.patterns import MAX_PATTERN
+
 MAX_NAME = 128  # characters of a client name; it travels in NATS control lines and keys
-MAX_FILTER = 1000  # characters of a client's table filter
+MAX_FILTER = MAX_PATTERN  # characters of a client's table filter (an RE2 pattern)
 _NAME = re.compile(rf"[^\x00-\x1f\x7f]{{1,{MAX_NAME}}}")
 
 

@@ -29,10 +29,7 @@ class RetentionGap(RpcError):
             "rewind the client past the gap (binlake rewind), or raise the limits so it cannot happen again")
 
 
-Filter = Pattern
-
-
-def compile_filter(pattern: str) -> Filter:
+def compile_filter(pattern: str) -> Pattern:
     """A client's table filter, in RE2 (`shared.patterns`): no client's pattern (`(.|.)*Z`) can
     stall the store's event loop for the others."""
     if len(pattern) > MAX_FILTER:
@@ -64,7 +61,7 @@ def acked(state: ClientState, batch_id: int) -> ClientState:
 
 
 def wanted(subject_tokens: tuple[str, str], headers: dict[str, str], state: ClientState,
-           pattern: Filter) -> bool:
+           pattern: Pattern) -> bool:
     """Whether an event (by its CDC subject's db/table and headers) goes to this client."""
     db, table = subject_tokens
     if db == "$binlake":

@@ -50,7 +50,7 @@ from shared.errors import BinlakeError, FatalError, ForeignValue, OversizeEvent,
 from shared.jetstream import kv_entries, nats_errors
 from shared.metrics import Registry
 from shared.mysql import MysqlUrl, map_mysql_error
-from shared.patterns import compile_pattern
+from shared.patterns import cached
 from shared.subjects import Names
 
 MAX_RETRIES = 20  # windows read again in a row before a table fails
@@ -230,7 +230,7 @@ class Snapshotter:
             try:
                 req = snap.SnapshotRequest.from_json(value, key, self.bucket)
                 for pattern in req.patterns:
-                    compile_pattern(pattern)
+                    cached(pattern)  # compiled once: matching uses the same
             except (ValueError, TypeError, KeyError, ForeignValue) as exc:
                 # Not written by `binlake snapshot`: answer it, never fail on it (a request is no
                 # position: nothing is lost). Its history keeps what was there.
