@@ -114,7 +114,7 @@ class AsyncPublisher:
             future.set_result(PubAck.from_response(resp))
         except nats.js.errors.APIError as exc:
             future.set_exception(exc)
-        except (ValueError, TypeError, KeyError) as exc:  # not an ack: whatever answered is no stream
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:  # not an ack: no stream answered
             future.set_exception(nats.errors.Error(f"not a JetStream ack on {msg.subject}: {exc!r}"))
 
     def cancel_all(self) -> None:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # shared.config needs shared.actor, which needs this module
     from shared.config import NatsSettings
 
 log = structlog.get_logger()
+NAME_IN_USE = 10058  # JetStream: "stream name already in use with a different configuration"
 
 
 def login_options(auth: NatsSettings, servers: list[str]) -> dict[str, Any]:
@@ -205,7 +206,9 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig, *, repair: b
         except nats.js.errors.NotFoundError:
             try:
                 return await js.add_stream(config)
-            except nats.js.errors.BadRequestError:
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != NAME_IN_USE:
+                    raise
                 # Another service created it since (the store with its retention, say): check that one.
                 info = await js.stream_info(config.name)
     have = info.config.subject_transform
@@ -269,8 +272,10 @@ async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl_s: float | None = 
                                    replicas=replicas)
                 )
                 created = True
-            except nats.js.errors.BadRequestError:  # another service created it since, its way
-                kv, created = await js.key_value(bucket), False
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != NAME_IN_USE:
+                    raise
+                kv, created = await js.key_value(bucket), False  # another service created it since, its way
         if created or repair:
             info = await js.stream_info(kv_stream(bucket))
             if info.config.allow_rollup_hdrs:

@@ -23,7 +23,7 @@ def load_json(value: bytes | None, key: str, bucket: str | None = None) -> dict[
     """The JSON object stored at `key`; ForeignValue when binlake cannot have written it."""
     try:
         decoded = json.loads(value) if value else None
-    except ValueError:  # includes a UnicodeDecodeError
+    except (ValueError, RecursionError):  # UnicodeDecodeError too; RecursionError: nested too deep
         raise foreign(value, key, bucket, "not JSON") from None
     return checked(decoded, key, bucket, value or b"")
 

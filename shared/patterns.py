@@ -36,6 +36,8 @@ def compile_pattern(pattern: str) -> Pattern:
     except re2.error as exc:
         reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         raise PatternError(f"{pattern!r} is not a valid RE2 regular expression: {reason}") from None
+    except UnicodeError:  # a lone surrogate (JSON can carry one) is no UTF-8
+        raise PatternError(f"{pattern!r} is not valid Unicode text") from None
     return compiled
 
 

@@ -90,3 +90,8 @@ def test_an_already_decoded_value_is_checked_and_shown_as_json() -> None:
         kv_values.checked({"stream": "KV_binlake_leases", "seq": 6}, "client.main.app")
     with pytest.raises(ForeignValue, match="a JSON list"):
         kv_values.checked([1], "client.main.app")
+
+
+def test_json_nested_too_deep_is_foreign_not_a_crash() -> None:
+    with pytest.raises(ForeignValue):
+        kv_values.load_json(b"[" * 100_000, "snapshot.main.request.x")

@@ -33,3 +33,8 @@ def test_what_re2_refuses_is_named(pattern: str, message: str) -> None:
     assert message in str(info.value)
     with pytest.raises(ValueError):
         snapshots.matches([pattern], "shop", "t")
+
+
+def test_a_lone_surrogate_is_a_pattern_error() -> None:
+    with pytest.raises(PatternError):
+        compile_pattern("\ud800")
