@@ -6,7 +6,8 @@ inbox `_INBOX_<user>`). Only `admin` may create or update a stream or bucket: wh
 define one can add a source, a subject or a republish to it, and so read or write any other
 stream; `binlake init` (run by `binlake up` and the compose files' `init` service) defines them
 all first. Only `parser` and `sink` can read BINLAKE_RAW (every database, unmasked), only the
-sink writes BINLAKE_CDC, and a store client user (`client_grant`) acts only as itself.
+sink writes BINLAKE_CDC, and a store client user (`client_grant`) acts only as itself (and reads
+the CDC objects bucket, `shared.objects`).
 `binlake up` runs its NATS with `server_config`; deploy/nats/permissions.conf is `shipped()`.
 
 Roles are not limited per source (a deployment's sources share a role's user), and meta trusts
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from shared.objects import object_stream
 from shared.subjects import Names, escape_token, kv_stream
 
 ROLES = ("parser", "sink", "store", "meta", "loader", "admin")
@@ -56,6 +58,13 @@ class Grant:
         self.publish += [f"$KV.{bucket}.{key}" for key in writes]
         return self
 
+    def objects(self, bucket: str, *, write: bool = False) -> Grant:
+        """Read an object store bucket (`shared.objects`), and with `write` put objects into it."""
+        self.read(object_stream(bucket))
+        if write:  # a put replacing an object purges the chunks of the one before
+            self.publish += [f"$O.{bucket}.C.>", f"$O.{bucket}.M.>", f"$JS.API.STREAM.PURGE.{object_stream(bucket)}"]
+        return self
+
     def conf(self, indent: str) -> str:
         def block(subjects: list[str]) -> str:
             inner = "".join(f"\n{indent}    {_quoted(s)}" for s in dict.fromkeys(subjects))
@@ -83,8 +92,10 @@ def grants(names: Names) -> dict[str, Grant]:
     cursors, leases, members, schema = (names.cursors_bucket, names.leases_bucket, names.members_bucket,
                                         names.schema_bucket)
     parser = _service("parser").read(raw).bucket(leases, ["parser.>"]).bucket(cursors, ["parser.>", "snapshot.>"])
+    parser.objects(names.raw_objects_bucket, write=True)
     parser.publish += [names.raw_all, names.meta_rpc("schema.add")]
     sink = _service("sink").read(raw).read(cdc).bucket(members, ["sink.>"]).bucket(cursors, ["sink.>"])
+    sink.objects(names.raw_objects_bucket).objects(names.cdc_objects_bucket, write=True)
     sink.publish += [names.cdc_all, names.dlq_all, f"$JS.API.STREAM.INFO.{dlq}"]
     store = _service("store").read(cdc)
     store.publish += [names.meta_rpc(verb) for verb in ("cursor.get", "cursor.put", "cursor.delete", "rewind")]
@@ -105,8 +116,10 @@ def grants(names: Names) -> dict[str, Grant]:
 def client_grant(names: Names, client: str, *, user: str | None = None, source: str = "*") -> Grant:
     """A batch-protocol client's user: its own store subjects (any source unless `source`) and inbox."""
     token = "*" if source == "*" else escape_token(source)
+    # The CDC objects (messages too large for NATS) it resolves itself: what the store would
+    # hand it anyway, since a client picks its own table filter.
     return Grant(publish=[f"{names.prefix}.store.{token}.*.{escape_token(client)}"],
-                 subscribe=[f"{inbox(user or client)}.>"])
+                 subscribe=[f"{inbox(user or client)}.>"]).objects(names.cdc_objects_bucket)
 
 
 def server_config(names: Names, passwords: Mapping[str, str], clients: Mapping[str, str] | None = None, *,
@@ -135,7 +148,8 @@ SHIPPED_HEADER = """\
 # subjects (binlake.store.<source>.<verb>.<client>) and receive replies in its own inbox
 # (connect with inbox prefix _INBOX_<client>; BINLAKE_NATS_INBOX for binlake's StoreClient):
 # it cannot read, ack, roll back or unsubscribe another client, rewind anyone, nor touch a
-# stream, a bucket or the JetStream API. For a client `app1`, add to the users below:
+# stream or a bucket, except reading binlake_cdc_objects (events larger than a NATS message,
+# which StoreClient fetches itself). For a client `app1`, add to the users below:
 """
 
 

@@ -10,7 +10,9 @@ async with await StoreClient.connect("nats://127.0.0.1:4222", client="my-app") a
 ```
 
 Several `get`s may be outstanding; `ack` must name the oldest unacked batch. A client that
-disconnects without acking gets its unacked batches again after `subscribe`.
+disconnects without acking gets its unacked batches again after `subscribe`. An event larger
+than a NATS message comes from the CDC objects bucket (`shared.objects`): `get` fetches it, so
+`raw` always holds whole envelopes.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
-from shared import clients, envelope, jetstream
+from shared import clients, envelope, jetstream, objects
 from shared.errors import ConfigError
 from shared.rpc import call, call_parts
 from shared.subjects import Names
@@ -53,6 +55,7 @@ class StoreClient:
         self._source = source
         self._timeout = timeout_s
         self._own = own_connection
+        self._js = nc.jetstream()
 
     @classmethod
     async def connect(cls, nats_url: str, client: str, **kwargs: Any) -> StoreClient:
@@ -88,8 +91,12 @@ class StoreClient:
         reply = await call_parts(self._nc, self._names.store_client_rpc(self._source, "get", self.client),
                                  {"client": self.client, "max_rows": max_rows, "max_wait": max_wait},
                                  ("events", "seqs"), timeout=self._timeout + max_wait)
-        return Batch(reply.get("batch_id"), list(reply.get("events") or []), int(reply.get("rows", 0)),
-                     [int(s) for s in reply.get("seqs") or []])
+        raw = list(reply.get("events") or [])
+        for i in reply.get("objects") or []:
+            if not isinstance(i, int) or not 0 <= i < len(raw):
+                raise envelope.EnvelopeError(f"the store named event {i!r} of {len(raw)} as an object reference")
+            raw[i] = await objects.resolve(self._js, raw[i])
+        return Batch(reply.get("batch_id"), raw, int(reply.get("rows", 0)), [int(s) for s in reply.get("seqs") or []])
 
     async def ack(self, batch_id: int) -> int:
         return int((await self._call("ack", {"batch_id": batch_id}))["acked"])

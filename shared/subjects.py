@@ -110,6 +110,16 @@ class Names:
         return f"{self.prefix}_leases"
 
     @property
+    def raw_objects_bucket(self) -> str:
+        """Raw messages larger than max_payload (`shared.objects`), read like BINLAKE_RAW."""
+        return f"{self.prefix}_raw_objects"
+
+    @property
+    def cdc_objects_bucket(self) -> str:
+        """CDC messages larger than max_payload (`shared.objects`), read like BINLAKE_CDC."""
+        return f"{self.prefix}_cdc_objects"
+
+    @property
     def raw_all(self) -> str:
         """Every raw subject: BINLAKE_RAW's subjects."""
         return f"{self.prefix}.raw.>"

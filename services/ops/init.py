@@ -22,7 +22,7 @@ from nats.js import JetStreamContext
 from services.ops.common import nats_auth, nats_url, run
 from services.store.config import StoreConfig
 from services.store.retention import apply_retention
-from shared import jetstream
+from shared import jetstream, objects
 from shared.config import NatsSettings
 from shared.subjects import Names
 
@@ -38,12 +38,13 @@ async def define_all(js: JetStreamContext, cfg: StoreConfig) -> list[str]:
     names = Names(cfg.prefix)
     await apply_retention(js, names, cfg.cdc_max_age_s, cfg.cdc_max_bytes, cfg.replicas)
     await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas, repair=True)
+    await objects.ensure_bucket(js, names.raw_objects_bucket, names.raw_stream, replicas=cfg.replicas, update=True)
     await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=cfg.replicas, repair=True)
     await jetstream.ensure_kv(js, names.schema_bucket, replicas=cfg.replicas, repair=True)
     await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=LEASE_TTL_S, replicas=cfg.replicas, repair=True)
     await jetstream.ensure_kv(js, names.members_bucket, ttl_s=MEMBER_TTL_S, replicas=cfg.replicas, repair=True)
     return [names.raw_stream, names.cdc_stream, names.dlq_stream, names.cursors_bucket, names.schema_bucket,
-            names.leases_bucket, names.members_bucket]
+            names.leases_bucket, names.members_bucket, names.raw_objects_bucket, names.cdc_objects_bucket]
 
 
 async def init(url: str, auth: NatsSettings, env: Mapping[str, str] | None = None) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 import nats.js.errors
 
 from services.ops.common import nats_auth, nats_url, run
-from shared import envelope, jetstream
+from shared import envelope, jetstream, objects
 from shared.errors import ConfigError
 from shared.mysql import parse_name
 from shared.ordered_reader import OrderedReader
@@ -61,9 +61,13 @@ async def tail(url: str, prefix: str, source: str, table: str, frm: str, follow:
                     break
                 for m in msgs:
                     try:
-                        env = envelope.as_dict(envelope.decode(m.data))
+                        data = await objects.resolve(js, m.data) if m.headers and objects.HEADER in m.headers \
+                            else m.data
+                        env = envelope.as_dict(envelope.decode(data))
                     except envelope.EnvelopeError as exc:  # shown, not fatal: the stream is not ours alone
                         env = {"_error": f"not a binlake envelope: {exc}"}
+                    except objects.ObjectMissing as exc:
+                        env = {"_error": str(exc)}
                     env["_seq"] = m.metadata.sequence.stream
                     env["_stored"] = m.metadata.timestamp.isoformat() if isinstance(
                         m.metadata.timestamp, dt.datetime) else None

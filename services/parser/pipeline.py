@@ -24,8 +24,8 @@ from services.parser.publisher import Publisher
 from services.parser.snapshot.snapshotter import AckedScn, Snapshotter
 from services.parser.snapshot.windows import Windows
 from services.parser.source_watch import SourceWatch
-from services.parser.transactions import HEADER_ALLOWANCE, Assembler, Outgoing, Resume
-from shared import envelope, jetstream
+from services.parser.transactions import Assembler, Outgoing, Resume
+from shared import envelope, jetstream, objects
 from shared.actor import Latest
 from shared.async_publisher import AsyncPublisher
 from shared.bridge import ThreadBridge
@@ -55,6 +55,7 @@ class Pipeline:
         self.runs = registry.counter("parser_pipeline_starts_total", "Pipeline (re)starts")
         self.published = registry.counter("parser_messages_total", "Messages acked by JetStream")
         self.events = registry.counter("parser_binlog_events_total", "Binlog events read")
+        self.objects = registry.counter("parser_objects_total", "Messages larger than max_payload put in an object")
         self.zero_dates = registry.counter("parser_zero_dates_total", "Zero or invalid dates decoded as null")
         self.schemas_compiled = registry.counter("parser_table_schemas_compiled_total",
                                                  "TableMaps compiled into decoders (a new table or schema)")
@@ -65,6 +66,8 @@ class Pipeline:
         cfg = self.cfg
         info = await inspect_source(self.dsn)
         await jetstream.ensure_streams(self.js, self.names, cfg.partitions, cfg.replicas, streams=("raw",))
+        await objects.ensure_bucket(self.js, self.names.raw_objects_bucket, self.names.raw_stream,
+                                    replicas=cfg.replicas)
         tail = await read_tail(self.js, self.names, cfg.source)
         saved = None if tail else await saved_position(self.cursors, cfg.source)
         start = tail.resume if tail else saved or (info.current if cfg.start == "current" else info.earliest)
@@ -78,7 +81,8 @@ class Pipeline:
         try:
             await self._run(info, start, origin, tail, Publisher(acks, tail.last_id if tail else None, self._acked,
                                                                  window=cfg.publish_window,
-                                                                 ack_timeout_s=cfg.ack_timeout_s))
+                                                                 ack_timeout_s=cfg.ack_timeout_s,
+                                                                 put_object=self._put_object))
         finally:
             await acks.close()
 
@@ -102,8 +106,7 @@ class Pipeline:
         reader = BinlogReader(self.dsn, cfg.replica_server_id, asm, bridge, mariadb=info.mariadb,
                               heartbeat_s=cfg.heartbeat_s, windows=windows, read_timeout_s=cfg.stall_s,
                               seen=self.watch.seen if self.watch else None)
-        snapshotter = Snapshotter(cfg, self.js, self.cursors, windows, self.acked, self.registry,
-                                  max_row_bytes=self.nc.max_payload - HEADER_ALLOWANCE)
+        snapshotter = Snapshotter(cfg, self.js, self.cursors, windows, self.acked, self.registry)
         thread = threading.Thread(target=reader.run, name="binlog-reader", daemon=True)
         thread.start()
         pump = asyncio.create_task(self._pump(bridge, publisher, reader))
@@ -148,6 +151,11 @@ class Pipeline:
     def _export(self, reader: BinlogReader) -> None:
         self.zero_dates.set(reader.stats.zero_dates)
         self.schemas_compiled.set(reader.stats.schemas_compiled)
+
+    async def _put_object(self, name: str, data: bytes) -> None:
+        await objects.put(self.js, self.names.raw_objects_bucket, name, data)
+        self.objects.inc()
+        self.log.info("pipeline.object", name=name, bytes=len(data), bucket=self.names.raw_objects_bucket)
 
     def _acked(self, complete: Outgoing | None, count: int) -> None:
         """`count` messages were acked since the last call; `complete` ends the newest whole transaction."""

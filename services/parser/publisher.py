@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
@@ -28,14 +28,17 @@ EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 
 class Publisher:
     def __init__(self, acks: AsyncPublisher, last_id: str | None, on_acked: Callable[[Outgoing | None, int], None],
-                 *, window: int = 4000, ack_timeout_s: float = 15.0) -> None:
+                 *, window: int = 4000, ack_timeout_s: float = 15.0,
+                 put_object: Callable[[str, bytes], Awaitable[None]] | None = None) -> None:
         self._acks = acks
+        self._put_object = put_object
         self._window = window
         self._last_id = last_id
         self._on_acked = on_acked
         self._timeout = ack_timeout_s
         self._inflight: deque[tuple[Outgoing, asyncio.Future[PubAck], float]] = deque()
         self.published = 0
+        self.objects = 0
         self.log = structlog.get_logger().bind(actor="publisher")
 
     @property
@@ -46,6 +49,12 @@ class Publisher:
         for msg in batch:
             while len(self._inflight) >= self._window:
                 await self._wait_oldest()
+            if msg.blob is not None:
+                # The object before its reference: a reader never finds a reference without it.
+                if self._put_object is None:
+                    raise PublishFailed(f"{msg.msg_id} needs an object store and this publisher has none")
+                await self._put_object(msg.msg_id, msg.blob)
+                self.objects += 1
             if self._last_id is not None:
                 msg.headers[EXPECTED_LAST_MSG_ID] = self._last_id
             try:

@@ -2,7 +2,8 @@
 
 The binlog thread feeds events in order; `Assembler` keeps the open transaction, holds back
 the newest message until it knows whether it is the transaction's last (so `txn.last` and
-`resume` are exact), splits messages larger than max_payload into chunks, and drops the
+`resume` are exact), splits messages larger than max_payload into chunks (one row too large for a
+message goes to an object, `shared.objects`), and drops the
 batches a restart replays that the stream already holds (Debezium's
 `eventsToSkipUponRestart`, keyed by transaction id and batch index).
 """
@@ -15,8 +16,8 @@ from typing import Any
 
 from services.parser import alter, ddl
 from services.parser.columns import TableSchema
-from shared import envelope
-from shared.errors import DecodeError, OversizeEvent, SourceMisconfigured
+from shared import envelope, objects
+from shared.errors import DecodeError, SourceMisconfigured
 from shared.subjects import DDL_TABLE, HEARTBEAT_TABLE, Names
 
 HEADER_ALLOWANCE = 1024  # room left in max_payload for headers
@@ -59,6 +60,7 @@ class Outgoing:
     rows: int
     resume: Resume
     last: bool
+    blob: bytes | None = None  # the whole envelope when `data` is its reference (`shared.objects`)
 
 
 @dataclass
@@ -269,39 +271,38 @@ class Assembler:
                 part["txn"] = {"id": txn.id, "i": txn.i + n, "last": is_last}
                 part["resume"] = (resume if is_last else txn.start).to_dict()
                 encoded.append(envelope.encode(part, packed))
-            too_big = [n for n, data in enumerate(encoded) if len(data) > limit]
+            too_big = [n for n, data in enumerate(encoded) if len(data) > limit and len(parts[n].get("rows") or ()) > 1]
             if not too_big:
                 break
-            parts = self._halve(parts, too_big, len(encoded[too_big[0]]))
+            parts = self._halve(parts, too_big)
         for n, (part, data) in enumerate(zip(parts, encoded, strict=True)):
             i = txn.i + n
             is_last = last and n == len(parts) - 1
             if self.skip is not None and self.skip.txn_id == txn.id and i <= self.skip.i:
                 continue
-            out.append(self._outgoing(part, data, resume if is_last else txn.start, is_last, schema_id))
+            blob = None
+            if len(data) > limit:  # one row larger than a message: the envelope goes to an object
+                name = envelope.msg_id(self.source, part["scn"], part["chunk"])
+                blob, data = data, envelope.encode(objects.reference(part, data, self.names.raw_objects_bucket, name))
+            out.append(self._outgoing(part, data, resume if is_last else txn.start, is_last, schema_id, blob))
         txn.i += len(parts)
         return out
 
-    def _halve(self, parts: list[dict[str, Any]], too_big: list[int], size: int) -> list[dict[str, Any]]:
-        """Split each oversize part's rows in two; a single row that does not fit is an error."""
+    @staticmethod
+    def _halve(parts: list[dict[str, Any]], too_big: list[int]) -> list[dict[str, Any]]:
+        """Split each oversize part's rows in two (a single row that does not fit goes to an object)."""
         out: list[dict[str, Any]] = []
         for n, part in enumerate(parts):
             rows = part.get("rows") or []
             if n not in too_big:
                 out.append(part)
                 continue
-            if len(rows) <= 1:
-                raise OversizeEvent(
-                    f"one row of {part['db']}.{part['table']} at {part['pos']['file']}:{part['pos']['offset']} "
-                    f"encodes to {size} bytes, more than NATS max_payload {self.max_payload} allows; "
-                    "raise max_payload in the nats-server configuration"
-                )
             half = len(rows) // 2
             out += [{**part, "rows": rows[:half]}, {**part, "rows": rows[half:]}]
         return out
 
     def _outgoing(self, env: dict[str, Any], data: bytes, resume: Resume, last: bool,
-                  schema_id: str | None) -> Outgoing:
+                  schema_id: str | None, blob: bytes | None = None) -> Outgoing:
         mid = envelope.msg_id(self.source, env["scn"], env["chunk"])
         table = env["table"]
         if env["op"] == "ddl" and not table:
@@ -312,4 +313,6 @@ class Assembler:
         headers = envelope.headers(env, mid)
         if schema_id:
             headers["Binlake-Schema"] = schema_id
-        return Outgoing(subject, data, mid, headers, env["op"], env["ts"], rows, resume, last)
+        if blob is not None:
+            headers[objects.HEADER] = f"{self.names.raw_objects_bucket}/{mid}"
+        return Outgoing(subject, data, mid, headers, env["op"], env["ts"], rows, resume, last, blob)

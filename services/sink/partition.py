@@ -31,13 +31,14 @@ from nats.js.kv import KeyValue
 
 from services.sink.fence import Out, SubjectFence
 from services.sink.rules import Rules, TableRules
-from shared import cas, envelope, jetstream, keys, kv_values
+from shared import cas, envelope, jetstream, keys, kv_values, objects
 from shared.errors import FatalError, NatsUnavailable
 from shared.metrics import Registry
 from shared.ordered_reader import OrderedReader
 from shared.subjects import INTERNAL_TOKEN, Names
 
 DROPPED_HEADERS = ("Nats-Expected-Last-Msg-Id",)
+HEADER_ALLOWANCE = 4096  # room in max_payload for the headers the fence adds
 SEEN_EVERY = 10  # cursor intervals between an idle partition's records of how far nothing of it is left
 
 
@@ -84,6 +85,7 @@ class PartitionWorker:
         self._dlq = registry.counter("sink_dead_letters_total", "Events sent to the dead-letter subject")
         self._unknown_columns = registry.counter("sink_rule_columns_missing_total",
                                                  "Columns named by rules that a table's schema lacks")
+        self._objects_in = registry.counter("sink_objects_total", "Raw messages read from an object (too large)")
         self._gaps = registry.counter("sink_retention_gaps_total", "Raw messages removed before the sink read them")
         self.log = structlog.get_logger().bind(actor=f"partition.{p}")
 
@@ -125,8 +127,11 @@ class PartitionWorker:
         for m in msgs:
             seq = m.metadata.sequence.stream
             try:
-                out = self._transform(m, seq)
-            except envelope.EnvelopeError as exc:
+                if m.headers and objects.HEADER in m.headers:
+                    out = await self._transform_object(m, seq)
+                else:
+                    out = self._transform(m, m.data, seq)
+            except (envelope.EnvelopeError, objects.ObjectMissing) as exc:
                 poison = (m, str(exc))
                 break
             if out is not None:
@@ -139,13 +144,30 @@ class PartitionWorker:
             await self._commit()
             await self._dead_letter(*poison)
 
-    def _transform(self, m: Msg, seq: int) -> Out | None:
+    async def _transform_object(self, m: Msg, seq: int) -> Out | None:
+        """A message too large for NATS: its whole envelope from the raw object, and what goes to
+        BINLAKE_CDC into a CDC object when it is still too large after the rules."""
+        self._objects_in.inc(partition=self._p)
+        out = self._transform(m, await objects.resolve(self._js, m.data), seq)
+        if out is None:
+            return None
+        out.headers.pop(objects.HEADER, None)
+        if len(out.data) <= self._js._nc.max_payload - HEADER_ALLOWANCE:
+            return out
+        name = out.headers.get("Nats-Msg-Id") or f"{self._s.source}:raw{seq}"
+        bucket = self._names.cdc_objects_bucket
+        await objects.put(self._js, bucket, name, out.data)
+        ref = objects.reference(envelope.as_dict(envelope.decode(out.data)), out.data, bucket, name)
+        return Out(out.subject, envelope.encode(ref), {**out.headers, objects.HEADER: f"{bucket}/{name}"}, seq)
+
+    def _transform(self, m: Msg, data: bytes, seq: int) -> Out | None:
         # Fully decoded even when only routed: what reaches BINLAKE_CDC is a valid envelope, its
         # strings valid UTF-8 (a check that skipping the rows would lose).
-        env = envelope.as_dict(envelope.decode(m.data))
+        env = envelope.as_dict(envelope.decode(data))
+        if objects.REF in env:
+            raise envelope.EnvelopeError("an object reference without its Binlake-Object header")
         db, table = env.get("db"), env.get("table")
         cdc_subject = self._route(m.subject, env)
-        data = m.data
         shaped: dict[str, Any] | None = env
         if table is not None and env["op"] != "hb":
             allowed, table_rules = self._rules_for(db or "", table)

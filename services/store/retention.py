@@ -1,4 +1,5 @@
-"""The store owns BINLAKE_CDC's definition: create it, and apply retention changes."""
+"""The store owns BINLAKE_CDC's definition: create it, and apply retention changes (to the CDC
+objects bucket too: its objects live as long as the messages that name them, `shared.objects`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import structlog
 from nats.js import JetStreamContext
 from nats.js.api import StreamInfo
 
-from shared import jetstream
+from shared import jetstream, objects
 from shared.errors import NatsUnavailable
 from shared.jetstream import nats_errors
 from shared.subjects import Names
@@ -19,6 +20,20 @@ log = structlog.get_logger()
 
 async def apply_retention(js: JetStreamContext, names: Names, max_age_s: float, max_bytes: int,
                           replicas: int = 1, *, must_apply: bool = True) -> StreamInfo:
+    """BINLAKE_CDC with the configured limits (`_apply_to_stream`), then its objects bucket's TTL."""
+    info = await _apply_to_stream(js, names, max_age_s, max_bytes, replicas, must_apply=must_apply)
+    try:
+        await objects.ensure_bucket(js, names.cdc_objects_bucket, names.cdc_stream, replicas=replicas, update=True)
+    except NatsUnavailable as exc:
+        if must_apply:
+            raise
+        log.error("store.object_retention_not_applied", reason=str(exc), bucket=names.cdc_objects_bucket,
+                  fix="run `binlake init` as NATS admin")
+    return info
+
+
+async def _apply_to_stream(js: JetStreamContext, names: Names, max_age_s: float, max_bytes: int,
+                           replicas: int = 1, *, must_apply: bool = True) -> StreamInfo:
     """Create BINLAKE_CDC (with `replicas`) or update its age/bytes limits to the configured ones.
 
     `must_apply=False`: a change of limits that the server refuses is logged, not raised.

@@ -20,6 +20,7 @@ import msgpack
 import nats
 from nats.js.api import DeliverPolicy
 
+from shared import objects
 from shared.config import NatsSettings
 from shared.jetstream import login_options, server_urls
 from tests.servers import MariaDB
@@ -115,8 +116,9 @@ class StoredMsg:
 
 
 async def read_stream(nats_url: str, stream: str = "BINLAKE_RAW", subject: str = ">", *,
-                      auth: NatsSettings | None = None) -> list[StoredMsg]:
-    """Every message currently in `stream` matching `subject`, in stream order (`auth`: the login)."""
+                      auth: NatsSettings | None = None, resolve: bool = True) -> list[StoredMsg]:
+    """Every message currently in `stream` matching `subject`, in stream order (`auth`: the login);
+    `resolve`: object references replaced by the envelopes they name."""
     servers = server_urls(nats_url)
     nc = await nats.connect(servers, **(login_options(auth, servers) if auth else {}))
     try:
@@ -146,8 +148,11 @@ async def read_stream(nats_url: str, stream: str = "BINLAKE_RAW", subject: str =
                 await asyncio.sleep(0.2)
                 continue
             for m in batch:
+                # A message too large for NATS is read whole from its object, as binlake's readers do.
+                data = await objects.resolve(js, m.data) if resolve and objects.HEADER in (m.headers or {}) \
+                    else m.data
                 out.append(StoredMsg(m.metadata.sequence.stream, m.subject, dict(m.headers or {}),
-                                     msgpack.unpackb(m.data, raw=False, strict_map_key=False)))
+                                     msgpack.unpackb(data, raw=False, strict_map_key=False)))
             if out and out[-1].seq >= last:
                 break
         await sub.unsubscribe()
@@ -157,8 +162,8 @@ async def read_stream(nats_url: str, stream: str = "BINLAKE_RAW", subject: str =
 
 
 def read_stream_sync(nats_url: str, stream: str = "BINLAKE_RAW", subject: str = ">", *,
-                     auth: NatsSettings | None = None) -> list[StoredMsg]:
-    return asyncio.run(read_stream(nats_url, stream, subject, auth=auth))
+                     auth: NatsSettings | None = None, resolve: bool = True) -> list[StoredMsg]:
+    return asyncio.run(read_stream(nats_url, stream, subject, auth=auth, resolve=resolve))
 
 
 def wait_until(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:

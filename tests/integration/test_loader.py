@@ -400,3 +400,33 @@ def test_columns_a_sink_rule_drops_never_reach_the_lake(mariadb, database, nats_
            if r["_binlake_op"] == "ddl"]
     assert len(ddl) == 4 and "secret" in ddl[0] and "clear-default" in ddl[1], ddl
     assert stack.loader.running
+
+
+@pytest.mark.timeout(900)
+def test_rows_larger_than_a_message_land_in_the_lake_byte_exact_while_other_tables_flow(stack):
+    """2 MiB and 64 MiB LONGBLOBs go through the object buckets; the small tables never wait for them."""
+    db = stack.db
+    stack.mariadb.execute(f"CREATE TABLE `{db}`.blobs (id INT PRIMARY KEY, b LONGBLOB, note VARCHAR(20))",
+                          f"CREATE TABLE `{db}`.small (id INT PRIMARY KEY, v INT)")
+    stack.start_loader()
+    sizes = {1: 2 * 1024 * 1024, 2: 64 * 1024 * 1024, 3: 10}
+    small = 0
+    for key, size in sizes.items():
+        # Bytes that differ along the value, so a chunk out of place or missing shows.
+        stack.mariadb.execute(
+            f"INSERT INTO `{db}`.blobs VALUES ({key}, SUBSTRING(REPEAT(SHA2('{key}', 256), {size // 64 + 1}), 1, "
+            f"{size}), 'n{key}')",
+            f"INSERT INTO `{db}`.small VALUES " + ", ".join(f"({small + i}, {i})" for i in range(50)))
+        small += 50
+    stack.mariadb.execute(f"UPDATE `{db}`.blobs SET note = 'changed' WHERE id = 1")  # a 2 MiB before and after
+    cdc = stack.wait_cdc(3 + small + 1, timeout=300)
+    refs = [m for m in read_stream_sync(stack.nats_url, "BINLAKE_CDC", resolve=False) if "Binlake-Object" in m.headers]
+    assert len(refs) == 3 and all(m.env["ref"]["bucket"] == "binlake_cdc_objects" for m in refs)
+    stack.wait_loaded(max(m.seq for m in cdc))
+    stack.wait_merged(["blobs", "small"])
+    for table in ("blobs", "small"):
+        assert_cells_equal(stack, table)
+    lake = stack.current("blobs")
+    assert lake is not None
+    assert sorted(len(b) for b in lake.column("b").to_pylist()) == sorted(sizes.values())
+    assert stack.loader.running and "ObjectMissing" not in stack.loader.output

@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from shared import objects
 from tests.integration.conftest import ParserFactory
 from tests.integration.support import read_stream_sync, row_changes, wait_until
 from tests.servers import MariaDB
@@ -108,16 +109,24 @@ def test_purged_position_is_refused(mariadb_factory, parser_factory, nats_url):
     assert len(read_stream_sync(nats_url)) == before
 
 
-def test_oversize_row_stops_the_parser(mariadb, database, parser_factory, nats_url):
+def test_a_row_larger_than_max_payload_goes_to_an_object_and_capture_goes_on(mariadb, database, parser_factory,
+                                                                             nats_url):
     mariadb.execute(f"CREATE TABLE `{database}`.big (id INT PRIMARY KEY, b LONGBLOB)")
     proc = parser_factory()
     mariadb.execute(f"INSERT INTO `{database}`.big VALUES (1, 'small')",
                     f"INSERT INTO `{database}`.big VALUES (2, REPEAT('x', 2000000))",
                     f"INSERT INTO `{database}`.big VALUES (3, 'after')")
-    assert proc.wait(60) == 1, proc.output
-    assert "OversizeEvent" in proc.output and "raise max_payload" in proc.output
-    ids = [r["after"]["id"] for m in row_changes(read_stream_sync(nats_url), database) for r in m.env["rows"]]
-    assert ids == [1], "nothing after the oversize row may be published"
+
+    def ids() -> list[int]:
+        return [r["after"]["id"] for m in row_changes(read_stream_sync(nats_url), database) for r in m.env["rows"]]
+
+    wait_until(lambda: ids() == [1, 2, 3], 60, "all three rows in BINLAKE_RAW")
+    assert proc.running, proc.output
+    refs = [m for m in read_stream_sync(nats_url, resolve=False) if objects.HEADER in m.headers]
+    assert len(refs) == 1 and refs[0].env["rows"] == [] and refs[0].headers["Binlake-Rows"] == "1"
+    assert refs[0].env["ref"]["bucket"] == "binlake_raw_objects"
+    whole = next(m for m in row_changes(read_stream_sync(nats_url), database) if m.seq == refs[0].seq)
+    assert whole.env["rows"] == [{"after": {"id": 2, "b": b"x" * 2000000}}]
 
 
 def test_statement_based_dml_is_refused(mariadb, database, parser_factory, nats_url):

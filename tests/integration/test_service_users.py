@@ -22,7 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import ConsumerConfig, StreamConfig, StreamSource
 
 from services.ops import init
-from shared import permissions
+from shared import objects, permissions
 from shared.config import NatsSettings
 from shared.errors import NatsUnavailable
 from shared.jetstream import login_options
@@ -123,11 +123,12 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
         await _until(lambda: client.subscribe(start="earliest"), procs)
         source.execute(*(f"INSERT INTO shop.t VALUES ({i})" for i in range(1, 51)), ssl={"ca": str(certs.ca)})
         # Rows that make the store's reply larger than a message: it comes in parts, all allowed.
+        # And one larger than a message: the parser, the sink and app1 go through the object buckets.
         source.execute(*(f"INSERT INTO shop.big VALUES ({i}, REPEAT('x', 400000))" for i in (1001, 1002, 1003)),
-                       ssl={"ca": str(certs.ca)})
-        seen = await _read_ids(client, 53, procs)  # in order per table; the tables' order may interleave
+                       "INSERT INTO shop.big VALUES (1004, REPEAT('y', 3000000))", ssl={"ca": str(certs.ca)})
+        seen = await _read_ids(client, 54, procs)  # in order per table; the tables' order may interleave
         assert [i for i in seen if i < 1000] == list(range(1, 51)) and [i for i in seen if i > 1000] == [1001, 1002,
-                                                                                                         1003]
+                                                                                                         1003, 1004]
 
         # An app's user: no other client, no meta, no stream, bucket, RAW subject or other inbox.
         for verb in ("subscribe", "rollback", "unsubscribe", "ack", "get"):
@@ -137,6 +138,7 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
                                          msgpack.packb({"key": "sink.main.p14", "value": {"seq": 10**9}}))
         assert await app.refused_request(NAMES.meta_rpc("rewind"))
         assert await app.refused_request("$JS.API.STREAM.INFO.BINLAKE_RAW")
+        assert await app.refused_request(f"$JS.API.STREAM.INFO.{objects.object_stream(NAMES.raw_objects_bucket)}")
         assert await app.refused_request("$KV.binlake_cursors.sink.main.p14", b'{"seq": 1000000000}')
         await app.nc.publish("binlake.raw.main.3.a.b.c", b"x")
         assert await app.violation("binlake.raw.main.3.a.b.c")

@@ -53,6 +53,7 @@ from shared.mysql import MysqlUrl, map_mysql_error
 from shared.patterns import cached
 from shared.subjects import Names
 
+MAX_ROW_BYTES = 1 << 30  # MariaDB's largest max_allowed_packet; a larger row goes to an object store
 MAX_RETRIES = 20  # windows read again in a row before a table fails
 RECONNECTS = 3  # lost snapshot connections in a row before the pipeline restarts
 _RETRY_CODES = frozenset({1205, 1213})  # lock wait timeout, deadlock: read the chunk again
@@ -127,7 +128,7 @@ class RateLimiter:
 
 class Snapshotter:
     def __init__(self, cfg: ParserConfig, js: JetStreamContext, kv: KeyValue, windows: Windows, acked: AckedScn,
-                 registry: Registry, *, max_row_bytes: int = 1024 * 1024) -> None:
+                 registry: Registry, *, max_row_bytes: int = MAX_ROW_BYTES) -> None:
         self.cfg = cfg
         self.js = js
         self.kv = kv
@@ -506,7 +507,7 @@ class Snapshotter:
             if sum(len(raw[i]) for i in long if raw[i] is not None) > room:
                 raise TableFailed(str(OversizeEvent(
                     f"a row of {schema.db}.{schema.table} holds more than {self.max_row_bytes} bytes, more than "
-                    "NATS max_payload allows; raise max_payload in the nats-server configuration")))
+                    "a snapshot reads in one row")))
 
     async def _await(self, fut: asyncio.Future[Outcome], p: snap.TableProgress) -> Outcome:
         """The binlog thread closes the window when it reaches H; say so if that takes long."""

@@ -17,8 +17,8 @@ from services.parser.transactions import (
     gtid_state_str,
     parse_gtid_state,
 )
-from shared import envelope
-from shared.errors import DecodeError, OversizeEvent, SourceMisconfigured
+from shared import envelope, objects
+from shared.errors import DecodeError, SourceMisconfigured
 from shared.subjects import Names
 
 F = "mysql-bin.000003"
@@ -339,12 +339,27 @@ def test_last_rows_event_split_marks_only_its_final_chunk_last():
     assert len({m.msg_id for m in out}) == len(out)
 
 
-def test_single_row_larger_than_max_payload_is_oversize():
+def test_single_row_larger_than_max_payload_travels_as_an_object_reference():
     a = asm(max_payload=HEADER_ALLOWANCE + 500)
     a.gtid("0-1-6", 0, False, F, 100)
-    with pytest.raises(OversizeEvent, match=r"shop\.orders.*max_payload"):
-        a.rows("i", T, rows(1, note="n" * 1000), F, 200, TS)
-        a.commit(F, 300)
+    big = rows(1, 2, 3, note="n" * 1000)
+    out = a.rows("i", T, big[:1], F, 200, TS) + a.rows("i", T, big[1:], F, 400, TS) + a.commit(F, 600)
+    assert all(len(m.data) <= 500 for m in out)
+    refs = [m for m in out if m.blob is not None]
+    assert len(refs) == 3  # the second event is halved down to single rows, each an object
+    for m in refs:
+        assert m.blob is not None
+        ref_env = env(m)
+        ref = objects.Ref.of(ref_env)
+        assert ref is not None and ref.bucket == "binlake_raw_objects" and ref.name == m.msg_id
+        assert ref.size == len(m.blob) and ref_env["rows"] == [] and m.rows == 1
+        whole = envelope.decode(m.blob)
+        assert whole["scn"] == ref_env["scn"] and whole["chunk"] == ref_env["chunk"]
+        assert whole["txn"] == ref_env["txn"] and whole["schema"] == T.described
+        assert m.headers[objects.HEADER] == f"binlake_raw_objects/{m.msg_id}"
+    assert [r for m in refs for r in envelope.decode(m.blob or b"")["rows"]] == big
+    assert [env(m)["txn"]["i"] for m in out] == list(range(len(out)))
+    assert [m.last for m in out] == [False] * (len(out) - 1) + [True]
 
 
 # -- heartbeats -----------------------------------------------------------------------------------
