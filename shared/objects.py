@@ -26,6 +26,7 @@ from typing import Any, Final
 
 import nats.errors
 import nats.js.errors
+import structlog
 from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StorageType
 
@@ -34,6 +35,7 @@ from shared.errors import FatalError, NatsUnavailable
 from shared.jetstream import NAME_IN_USE, nats_errors
 from shared.ordered_reader import OrderedReader
 
+log = structlog.get_logger()
 REF: Final = "ref"
 HEADER: Final = "Binlake-Object"
 CHUNK: Final = 128 * 1024  # nats-py's chunk size: well under any max_payload
@@ -106,6 +108,16 @@ async def ensure_bucket(js: JetStreamContext, bucket: str, follows: str, *, repl
                 info = await js.stream_info(object_stream(bucket))  # another service created it since
         if update and (info.config.max_age or 0) != (ttl_s or 0):
             await js.update_stream(dataclasses.replace(info.config, max_age=ttl_s or 0))
+
+
+async def ensure_or_warn(js: JetStreamContext, bucket: str, follows: str, *, replicas: int = 1) -> None:
+    """`ensure_bucket` for a service: a bucket it may not create (a NATS user per service, before
+    `binlake init` defined it) is logged, and the service goes on; only a too large message needs it."""
+    try:
+        await ensure_bucket(js, bucket, follows, replicas=replicas)
+    except NatsUnavailable as exc:
+        log.error("objects.bucket_missing", bucket=bucket, error=str(exc),
+                  fix="run `binlake init` as NATS admin: messages larger than max_payload need this bucket")
 
 
 async def put(js: JetStreamContext, bucket: str, name: str, data: bytes) -> None:

@@ -66,8 +66,8 @@ class Pipeline:
         cfg = self.cfg
         info = await inspect_source(self.dsn)
         await jetstream.ensure_streams(self.js, self.names, cfg.partitions, cfg.replicas, streams=("raw",))
-        await objects.ensure_bucket(self.js, self.names.raw_objects_bucket, self.names.raw_stream,
-                                    replicas=cfg.replicas)
+        await objects.ensure_or_warn(self.js, self.names.raw_objects_bucket, self.names.raw_stream,
+                                     replicas=cfg.replicas)
         tail = await read_tail(self.js, self.names, cfg.source)
         saved = None if tail else await saved_position(self.cursors, cfg.source)
         start = tail.resume if tail else saved or (info.current if cfg.start == "current" else info.earliest)

@@ -25,7 +25,7 @@ async def main(cfg: SinkConfig) -> None:
     async with runtime(cfg, "sink", registry) as nc:
         js = nc.jetstream()
         await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas)
-        await objects.ensure_bucket(js, names.cdc_objects_bucket, names.cdc_stream, replicas=cfg.replicas)
+        await objects.ensure_or_warn(js, names.cdc_objects_bucket, names.cdc_stream, replicas=cfg.replicas)
         await jetstream.ensure_kv(js, names.members_bucket, ttl_s=cfg.member_ttl_s, replicas=cfg.replicas)
         cursors = await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=cfg.replicas)
         view: Latest[frozenset[str]] = Latest()

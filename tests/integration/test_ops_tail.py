@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -10,7 +11,7 @@ import sys
 
 import nats
 
-from shared import envelope, jetstream
+from shared import envelope, jetstream, objects
 from shared.subjects import Names
 from tests.integration.support import ROOT
 
@@ -28,6 +29,16 @@ async def publish(nats_url: str) -> None:
         await js.publish(subject, b"\xc1 not msgpack")
         await js.publish(subject, envelope.encode({**env, "v": 99}))
         await js.publish(subject, envelope.encode(env))
+        # A message larger than NATS: the object, then its reference; and a reference whose object is gone.
+        big = {**env, "scn": (1 << 32 | 4) + 1, "rows": [{"after": {"id": 2, "b": b"z" * 300_000}}]}
+        data = envelope.encode(big)
+        bucket = names.cdc_objects_bucket
+        await objects.ensure_bucket(js, bucket, names.cdc_stream)
+        await objects.put(js, bucket, "big-1", data)
+        await js.publish(subject, envelope.encode(objects.reference(big, data, bucket, "big-1")),
+                         headers={objects.HEADER: f"{bucket}/big-1"})
+        await js.publish(subject, envelope.encode(objects.reference(big, data, bucket, "gone-1")),
+                         headers={objects.HEADER: f"{bucket}/gone-1"})
     finally:
         await nc.close()
 
@@ -41,6 +52,8 @@ def test_tail_shows_what_is_not_an_envelope_and_goes_on(nats_url: str) -> None:
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     errors = [line.get("_error", "")[:27] for line in lines]
-    assert errors == ["not a binlake envelope: not", "not a binlake envelope: env", ""]
+    assert errors == ["not a binlake envelope: not", "not a binlake envelope: env", "", "",
+                      "object 'gone-1' is not in b"]
     assert "version 99" in lines[1]["_error"]
     assert lines[2]["rows"] == [{"after": {"id": 1}}] and lines[2]["_seq"] == 3
+    assert lines[3]["rows"] == [{"after": {"id": 2, "b": {"base64": base64.b64encode(b"z" * 300_000).decode()}}}]

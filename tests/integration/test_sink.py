@@ -12,6 +12,7 @@ import nats
 import pytest
 from nats.js.api import DiscardPolicy
 
+from shared import objects
 from shared.subjects import Names
 from tests.integration.support import (
     ServiceProcess,
@@ -244,3 +245,30 @@ def test_a_first_sink_on_a_stream_that_lost_its_start_reads_from_where_it_starts
     wait_until(lambda: any(r["after"]["id"] == 100 for m in row_changes(read_stream_sync(nats_url, "BINLAKE_CDC"), db)
                            for r in m.env["rows"]), 60, "the new row in CDC")
     assert '"partition.retention_gap"' not in sink.output
+
+
+def test_a_reference_to_a_missing_object_goes_to_dead_letters_never_skipped(mariadb, database, parser, sink_factory,
+                                                                            nats_url):
+    db = database
+    mariadb.execute(f"CREATE TABLE `{db}`.o (id INT PRIMARY KEY)", f"INSERT INTO `{db}`.o VALUES (1)")
+    sink = sink_factory("s")
+    wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) == 1, 30, "the first row")
+    real = row_changes(read_stream_sync(nats_url), db)[0].env
+    gone = objects.reference({**real, "scn": real["scn"] + 9}, b"expired long ago", "binlake_raw_objects", "gone-1")
+
+    async def publish() -> None:
+        nc = await nats.connect(nats_url)
+        try:
+            headers = {"Nats-Msg-Id": "gone-1", objects.HEADER: "binlake_raw_objects/gone-1"}
+            await nc.jetstream().publish(Names().raw("main", db, "o"), msgpack.packb(gone), headers=headers)
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+    dlq = wait_until(lambda: read_stream_sync(nats_url, "BINLAKE_DLQ"), 30, "the dead letter")
+    assert "object 'gone-1' is not in bucket binlake_raw_objects" in dlq[0].headers["Binlake-Dlq-Reason"]
+    wait_until(lambda: '"partition.halted"' in sink.output, 10, "the halt log line")
+    mariadb.execute(f"INSERT INTO `{db}`.o VALUES (2)")  # behind the reference: never handled
+    time.sleep(3)
+    assert count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) == 1
+    assert sink.running, "other partitions keep running"

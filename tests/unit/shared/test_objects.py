@@ -1,0 +1,41 @@
+"""shared.objects: reference envelopes and their checks (the object round trip is in the integration tests)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from shared import envelope, objects
+
+ENV = {"v": 1, "source": "main", "db": "d", "table": "t", "op": "i", "ts": 1, "pos": {}, "scn": 7, "chunk": 0,
+       "txn": {"id": "x", "i": 0, "last": True}, "rows": [{"after": {"id": 1}}], "schema": {"id": "s"}}
+
+
+def test_a_reference_names_the_bytes_and_keeps_the_envelope_fields_but_rows_and_schema():
+    data = envelope.encode(ENV)
+    ref_env = objects.reference(ENV, data, "b", "main:7")
+    assert ref_env["rows"] == [] and "schema" not in ref_env and ref_env["scn"] == 7
+    ref = objects.Ref.of(ref_env)
+    assert ref == objects.Ref("b", "main:7", len(data), hashlib.sha256(data).hexdigest())
+    assert objects.Ref.of(ENV) is None
+
+
+@pytest.mark.parametrize("bad", [
+    "text", {"bucket": "b", "name": "n", "size": 1}, {"bucket": "b", "name": "n", "size": -1, "sha256": "0" * 64},
+    {"bucket": 1, "name": "n", "size": 1, "sha256": "0" * 64}, {"bucket": "b", "name": "n", "size": 1, "sha256": "0"},
+])
+def test_a_malformed_reference_is_an_envelope_error(bad):
+    with pytest.raises(envelope.EnvelopeError, match="malformed object reference"):
+        objects.Ref.of({**ENV, "rows": [], "ref": bad})
+
+
+def test_a_reference_that_also_carries_rows_is_refused():
+    ref_env = objects.reference(ENV, b"x", "b", "n")
+    with pytest.raises(envelope.EnvelopeError):
+        objects.Ref.of({**ref_env, "rows": [{"after": {}}]})
+
+
+def test_objects_outlive_their_stream_by_a_day_and_forever_with_it():
+    assert objects.object_ttl(3600.0) == 3600.0 + 86_400.0
+    assert objects.object_ttl(0.0) is None and objects.object_ttl(None) is None
