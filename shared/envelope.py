@@ -18,6 +18,7 @@ from typing import Any, Final, TypedDict, cast
 import msgpack
 
 VERSION: Final = 1
+REF_VERSION: Final = 2  # a reference to an object holding a version-1 envelope (`shared.objects`)
 OPS: Final = frozenset({"i", "u", "d", "r", "ddl", "hb"})
 ROW_OPS: Final = frozenset({"i", "u", "d", "r"})  # the ops that carry rows
 REQUIRED: Final = ("v", "source", "op", "ts", "pos", "scn", "txn")
@@ -113,7 +114,7 @@ def _checked(env: Any) -> Envelope:
     missing = [k for k in REQUIRED if k not in env]
     if missing:
         raise EnvelopeError(f"envelope lacks {', '.join(missing)}")
-    if env["v"] != VERSION:
+    if env["v"] != VERSION and not (env["v"] == REF_VERSION and "ref" in env):
         raise EnvelopeError(f"envelope version {env['v']!r} is not supported (this binlake reads {VERSION})")
     if env["op"] not in OPS:
         raise EnvelopeError(f"unknown op {env['op']!r}")

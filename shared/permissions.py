@@ -59,10 +59,13 @@ class Grant:
         return self
 
     def objects(self, bucket: str, *, write: bool = False) -> Grant:
-        """Read an object store bucket (`shared.objects`), and with `write` put objects into it."""
-        self.read(object_stream(bucket))
-        if write:  # a put replacing an object purges the chunks of the one before
-            self.publish += [f"$O.{bucket}.C.>", f"$O.{bucket}.M.>", f"$JS.API.STREAM.PURGE.{object_stream(bucket)}"]
+        """Read an object store bucket by direct gets only (`shared.objects`: no consumer, whose
+        deliver subject nats-server would not check), and with `write` put objects into it."""
+        stream = object_stream(bucket)
+        self.publish += [f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>"]
+        if write:  # nats-py's put looks the bucket up, and a put replacing an object purges its old chunks
+            self.publish += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}",
+                             f"$O.{bucket}.C.>", f"$O.{bucket}.M.>", f"$JS.API.STREAM.PURGE.{stream}"]
         return self
 
     def conf(self, indent: str) -> str:
@@ -99,6 +102,7 @@ def grants(names: Names) -> dict[str, Grant]:
     sink.publish += [names.cdc_all, names.dlq_all, f"$JS.API.STREAM.INFO.{dlq}"]
     store = _service("store").read(cdc)
     store.publish += [names.meta_rpc(verb) for verb in ("cursor.get", "cursor.put", "cursor.delete", "rewind")]
+    store.publish.append(f"$JS.API.STREAM.INFO.{object_stream(names.cdc_objects_bucket)}")  # checks its TTL
     store.subscribe += [f"{p}.store.>"]
     store.responses = True
     meta = _service("meta").read(cdc).bucket(cursors, [">"]).bucket(schema, [">"])

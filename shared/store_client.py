@@ -92,10 +92,9 @@ class StoreClient:
                                  {"client": self.client, "max_rows": max_rows, "max_wait": max_wait},
                                  ("events", "seqs"), timeout=self._timeout + max_wait)
         raw = list(reply.get("events") or [])
-        for i in reply.get("objects") or []:
-            if not isinstance(i, int) or not 0 <= i < len(raw):
-                raise envelope.EnvelopeError(f"the store named event {i!r} of {len(raw)} as an object reference")
-            raw[i] = await objects.resolve(self._js, raw[i])
+        for i, data in enumerate(raw):
+            if objects.maybe_reference(data):
+                raw[i] = await objects.resolve(self._js, data, self._names.cdc_objects_bucket)
         return Batch(reply.get("batch_id"), raw, int(reply.get("rows", 0)), [int(s) for s in reply.get("seqs") or []])
 
     async def ack(self, batch_id: int) -> int:

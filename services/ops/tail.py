@@ -61,9 +61,8 @@ async def tail(url: str, prefix: str, source: str, table: str, frm: str, follow:
                     break
                 for m in msgs:
                     try:
-                        data = await objects.resolve(js, m.data) if m.headers and objects.HEADER in m.headers \
-                            else m.data
-                        env = envelope.as_dict(envelope.decode(data))
+                        env = envelope.as_dict(envelope.decode(
+                            await objects.resolve(js, m.data, names.cdc_objects_bucket)))
                     except envelope.EnvelopeError as exc:  # shown, not fatal: the stream is not ours alone
                         env = {"_error": f"not a binlake envelope: {exc}"}
                     except objects.ObjectMissing as exc:

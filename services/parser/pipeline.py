@@ -152,10 +152,12 @@ class Pipeline:
         self.zero_dates.set(reader.stats.zero_dates)
         self.schemas_compiled.set(reader.stats.schemas_compiled)
 
-    async def _put_object(self, name: str, data: bytes) -> None:
-        await objects.put(self.js, self.names.raw_objects_bucket, name, data)
+    async def _put_object(self, msg: Outgoing) -> None:
+        ref = objects.Ref.of(envelope.decode(msg.data), self.names.raw_objects_bucket)
+        assert ref is not None and msg.blob is not None
+        await objects.put(self.js, ref, msg.blob)
         self.objects.inc()
-        self.log.info("pipeline.object", name=name, bytes=len(data), bucket=self.names.raw_objects_bucket)
+        self.log.info("pipeline.object", name=ref.name, bytes=ref.size, bucket=ref.bucket)
 
     def _acked(self, complete: Outgoing | None, count: int) -> None:
         """`count` messages were acked since the last call; `complete` ends the newest whole transaction."""

@@ -29,7 +29,7 @@ EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 class Publisher:
     def __init__(self, acks: AsyncPublisher, last_id: str | None, on_acked: Callable[[Outgoing | None, int], None],
                  *, window: int = 4000, ack_timeout_s: float = 15.0,
-                 put_object: Callable[[str, bytes], Awaitable[None]] | None = None) -> None:
+                 put_object: Callable[[Outgoing], Awaitable[None]] | None = None) -> None:
         self._acks = acks
         self._put_object = put_object
         self._window = window
@@ -53,7 +53,7 @@ class Publisher:
                 # The object before its reference: a reader never finds a reference without it.
                 if self._put_object is None:
                     raise PublishFailed(f"{msg.msg_id} needs an object store and this publisher has none")
-                await self._put_object(msg.msg_id, msg.blob)
+                await self._put_object(msg)
                 self.objects += 1
             if self._last_id is not None:
                 msg.headers[EXPECTED_LAST_MSG_ID] = self._last_id

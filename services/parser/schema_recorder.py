@@ -23,7 +23,7 @@ import structlog
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared import cas, envelope, keys, kv_values
+from shared import cas, envelope, keys, kv_values, objects
 from shared.actor import raise_if_cancelled
 from shared.errors import NatsUnavailable, TransientError
 from shared.jetstream import nats_errors
@@ -138,9 +138,12 @@ class SchemaRecorder:
             msg = await self._js.get_msg(self._names.raw_stream, seq)
         except (nats.errors.Error, TimeoutError) as exc:
             raise NatsUnavailable(f"raw message {seq}: {exc!r}") from exc
+        data = msg.data or b""
         try:
-            record = _record_of(envelope.as_dict(envelope.decode(msg.data or b"")), op)
-        except envelope.EnvelopeError as exc:
+            # Too large for a message: its schema is in the object.
+            data = await objects.resolve(self._js, data, self._names.raw_objects_bucket)
+            record = _record_of(envelope.as_dict(envelope.decode(data)), op)
+        except (envelope.EnvelopeError, objects.ObjectMissing) as exc:
             # The sink dead-letters such a message and stops its partition; the history just
             # has no entry for it.
             self.log.error("schema.undecodable", raw_seq=seq, subject=subject, reason=str(exc))

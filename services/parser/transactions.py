@@ -282,8 +282,10 @@ class Assembler:
                 continue
             blob = None
             if len(data) > limit:  # one row larger than a message: the envelope goes to an object
-                name = envelope.msg_id(self.source, part["scn"], part["chunk"])
-                blob, data = data, envelope.encode(objects.reference(part, data, self.names.raw_objects_bucket, name))
+                mid = envelope.msg_id(self.source, part["scn"], part["chunk"])
+                ref_env = objects.reference(part, data, self.names.raw_objects_bucket, mid)
+                blob, data = data, envelope.encode(ref_env)
+                part = {**part, objects.REF: ref_env[objects.REF]}
             out.append(self._outgoing(part, data, resume if is_last else txn.start, is_last, schema_id, blob))
         txn.i += len(parts)
         return out
@@ -314,5 +316,5 @@ class Assembler:
         if schema_id:
             headers["Binlake-Schema"] = schema_id
         if blob is not None:
-            headers[objects.HEADER] = f"{self.names.raw_objects_bucket}/{mid}"
+            headers[objects.HEADER] = f"{self.names.raw_objects_bucket}/{env[objects.REF]['name']}"
         return Outgoing(subject, data, mid, headers, env["op"], env["ts"], rows, resume, last, blob)

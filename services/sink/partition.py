@@ -128,9 +128,13 @@ class PartitionWorker:
             seq = m.metadata.sequence.stream
             try:
                 if m.headers and objects.HEADER in m.headers:
-                    out = await self._transform_object(m, seq)
+                    self._objects_in.inc(partition=self._p)
+                    out = self._transform(m, await objects.resolve(self._js, m.data, self._names.raw_objects_bucket),
+                                          seq, resolved=True)
                 else:
                     out = self._transform(m, m.data, seq)
+                if out is not None and len(out.data) > self._js._nc.max_payload - HEADER_ALLOWANCE:
+                    out = await self._to_object(out)
             except (envelope.EnvelopeError, objects.ObjectMissing) as exc:
                 poison = (m, str(exc))
                 break
@@ -144,23 +148,19 @@ class PartitionWorker:
             await self._commit()
             await self._dead_letter(*poison)
 
-    async def _transform_object(self, m: Msg, seq: int) -> Out | None:
-        """A message too large for NATS: its whole envelope from the raw object, and what goes to
-        BINLAKE_CDC into a CDC object when it is still too large after the rules."""
-        self._objects_in.inc(partition=self._p)
-        out = self._transform(m, await objects.resolve(self._js, m.data), seq)
-        if out is None:
-            return None
-        out.headers.pop(objects.HEADER, None)
-        if len(out.data) <= self._js._nc.max_payload - HEADER_ALLOWANCE:
-            return out
-        name = out.headers.get("Nats-Msg-Id") or f"{self._s.source}:raw{seq}"
-        bucket = self._names.cdc_objects_bucket
-        await objects.put(self._js, bucket, name, out.data)
-        ref = objects.reference(envelope.as_dict(envelope.decode(out.data)), out.data, bucket, name)
-        return Out(out.subject, envelope.encode(ref), {**out.headers, objects.HEADER: f"{bucket}/{name}"}, seq)
+    async def _to_object(self, out: Out) -> Out:
+        """A message too large for BINLAKE_CDC (a row, or what masks made of it): its envelope into
+        the CDC objects bucket, a reference in the stream."""
+        mid = out.headers.get("Nats-Msg-Id") or f"{self._s.source}:raw{out.raw_seq}"
+        ref_env = objects.reference(envelope.as_dict(envelope.decode(out.data)), out.data,
+                                    self._names.cdc_objects_bucket, mid)
+        ref = objects.Ref.of(ref_env)
+        assert ref is not None
+        await objects.put(self._js, ref, out.data)
+        return Out(out.subject, envelope.encode(ref_env), {**out.headers, objects.HEADER: f"{ref.bucket}/{ref.name}"},
+                   out.raw_seq)
 
-    def _transform(self, m: Msg, data: bytes, seq: int) -> Out | None:
+    def _transform(self, m: Msg, data: bytes, seq: int, *, resolved: bool = False) -> Out | None:
         # Fully decoded even when only routed: what reaches BINLAKE_CDC is a valid envelope, its
         # strings valid UTF-8 (a check that skipping the rows would lose).
         env = envelope.as_dict(envelope.decode(data))
@@ -184,6 +184,8 @@ class PartitionWorker:
                 self._filtered.inc(partition=self._p)
                 return None
         headers = {k: v for k, v in (m.headers or {}).items() if k not in DROPPED_HEADERS}
+        if resolved:
+            headers.pop(objects.HEADER, None)
         if shaped is not env and shaped is not None:
             data = envelope.encode(shaped)
             schema_id = envelope.schema_id_of(shaped)

@@ -182,7 +182,7 @@ class StoreServer:
 
         async def attempt() -> dict[str, Any]:
             state, revision = await self._load(client)
-            events, seqs, rows, end, refs = await self._read(state, max_rows, max_wait)
+            events, seqs, rows, end = await self._read(state, max_rows, max_wait)
             if end == state.delivered:
                 return {"batch_id": None, "events": [], "seqs": [], "rows": 0}
             if not events and not state.batches:
@@ -194,8 +194,7 @@ class StoreServer:
             if batch_id is not None:
                 self._batches.inc()
                 self._rows.inc(rows)
-            # `objects`: the events that are references to the CDC objects bucket (the client fetches them).
-            return {"batch_id": batch_id, "events": events, "seqs": seqs, "rows": rows, "objects": refs}
+            return {"batch_id": batch_id, "events": events, "seqs": seqs, "rows": rows}
 
         async def forget_position() -> None:  # what it read ahead belongs to the state that lost
             stale = self._positions.pop(client, None)
@@ -207,9 +206,11 @@ class StoreServer:
                                                on_conflict=forget_position)
 
     async def _read(self, state: ClientState, max_rows: int,
-                    max_wait: float) -> tuple[list[bytes], list[int], int, int, list[int]]:
-        """Events after `state.delivered` for this client: (envelopes, their CDC sequences, rows, last
-        examined, the indexes of the events that are object references)."""
+                    max_wait: float) -> tuple[list[bytes], list[int], int, int]:
+        """Events after `state.delivered` for this client: (envelopes, their CDC sequences, rows, last examined).
+
+        A batch ends after an object reference (a message too large for NATS, `shared.objects`):
+        the client fetches the object, and one such object per batch bounds what it holds."""
         await self._sweep()
         pos = self._positions.get(state.client)
         if pos is None or pos.next_seq != state.delivered + 1:
@@ -222,7 +223,6 @@ class StoreServer:
         pattern = batches.compile_filter(state.filter)
         events: list[bytes] = []
         seqs: list[int] = []
-        refs: list[int] = []
         rows = 0
         end = state.delivered
         deadline = time.monotonic() + max_wait
@@ -249,12 +249,12 @@ class StoreServer:
             headers = m.headers or {}
             if batches.wanted((unescape_token(parts[-2]), unescape_token(parts[-1])) if parts[-2] != "$binlake"
                               else ("$binlake", parts[-1]), headers, state, pattern):
-                if objects.HEADER in headers:
-                    refs.append(len(events))
                 events.append(m.data)
                 seqs.append(end)
                 rows += int(headers.get("Binlake-Rows", 0))
-        return events, seqs, rows, end, refs
+                if objects.HEADER in headers:
+                    break
+        return events, seqs, rows, end
 
     async def ack(self, req: dict[str, Any]) -> dict[str, Any]:
         client = require_client(req)

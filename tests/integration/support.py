@@ -129,6 +129,8 @@ async def read_stream(nats_url: str, stream: str = "BINLAKE_RAW", subject: str =
             return []
         if info.state.messages == 0:
             return []
+        prefix, _, kind = stream.lower().rpartition("_")
+        bucket = f"{prefix}_{kind}_objects" if kind in ("raw", "cdc") else None  # a dead letter is shown as it came
         last = info.state.last_seq
         sub = await js.pull_subscribe(subject, stream=stream, config=nats.js.api.ConsumerConfig(
             deliver_policy=DeliverPolicy.ALL, ack_policy=nats.js.api.AckPolicy.NONE,
@@ -149,8 +151,7 @@ async def read_stream(nats_url: str, stream: str = "BINLAKE_RAW", subject: str =
                 continue
             for m in batch:
                 # A message too large for NATS is read whole from its object, as binlake's readers do.
-                data = await objects.resolve(js, m.data) if resolve and objects.HEADER in (m.headers or {}) \
-                    else m.data
+                data = await objects.resolve(js, m.data, bucket) if resolve and bucket else m.data
                 out.append(StoredMsg(m.metadata.sequence.stream, m.subject, dict(m.headers or {}),
                                      msgpack.unpackb(data, raw=False, strict_map_key=False)))
             if out and out[-1].seq >= last:

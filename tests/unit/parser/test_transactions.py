@@ -351,12 +351,13 @@ def test_single_row_larger_than_max_payload_travels_as_an_object_reference():
         assert m.blob is not None
         ref_env = env(m)
         ref = objects.Ref.of(ref_env)
-        assert ref is not None and ref.bucket == "binlake_raw_objects" and ref.name == m.msg_id
+        assert ref is not None and ref.bucket == "binlake_raw_objects"
+        assert ref.name == f"{m.msg_id}.{ref.sha256[:16]}" and ref_env["v"] == envelope.REF_VERSION
         assert ref.size == len(m.blob) and ref_env["rows"] == [] and m.rows == 1
         whole = envelope.decode(m.blob)
         assert whole["scn"] == ref_env["scn"] and whole["chunk"] == ref_env["chunk"]
         assert whole["txn"] == ref_env["txn"] and whole["schema"] == T.described
-        assert m.headers[objects.HEADER] == f"binlake_raw_objects/{m.msg_id}"
+        assert m.headers[objects.HEADER] == f"binlake_raw_objects/{ref.name}"
     assert [r for m in refs for r in envelope.decode(m.blob or b"")["rows"]] == big
     assert [env(m)["txn"]["i"] for m in out] == list(range(len(out)))
     assert [m.last for m in out] == [False] * (len(out) - 1) + [True]

@@ -17,8 +17,13 @@ def test_a_reference_names_the_bytes_and_keeps_the_envelope_fields_but_rows_and_
     ref_env = objects.reference(ENV, data, "b", "main:7")
     assert ref_env["rows"] == [] and "schema" not in ref_env and ref_env["scn"] == 7
     ref = objects.Ref.of(ref_env)
-    assert ref == objects.Ref("b", "main:7", len(data), hashlib.sha256(data).hexdigest())
-    assert objects.Ref.of(ENV) is None
+    digest = hashlib.sha256(data).hexdigest()
+    assert ref == objects.Ref("b", f"main:7.{digest[:16]}", len(data), digest)  # other bytes, another name
+    assert objects.Ref.of(ENV) is None and ref_env["v"] == envelope.REF_VERSION
+    with pytest.raises(envelope.EnvelopeError, match="expected c"):
+        objects.Ref.of(ref_env, "c")  # a reference into another bucket than the reader's
+    with pytest.raises(envelope.EnvelopeError, match="without an object reference"):
+        objects.Ref.of({**ENV, "v": envelope.REF_VERSION})
 
 
 @pytest.mark.parametrize("bad", [
@@ -27,7 +32,7 @@ def test_a_reference_names_the_bytes_and_keeps_the_envelope_fields_but_rows_and_
 ])
 def test_a_malformed_reference_is_an_envelope_error(bad):
     with pytest.raises(envelope.EnvelopeError, match="malformed object reference"):
-        objects.Ref.of({**ENV, "rows": [], "ref": bad})
+        objects.Ref.of({**ENV, "v": envelope.REF_VERSION, "rows": [], "ref": bad})
 
 
 def test_a_reference_that_also_carries_rows_is_refused():
@@ -39,3 +44,18 @@ def test_a_reference_that_also_carries_rows_is_refused():
 def test_objects_outlive_their_stream_by_a_day_and_forever_with_it():
     assert objects.object_ttl(3600.0) == 3600.0 + 86_400.0
     assert objects.object_ttl(0.0) is None and objects.object_ttl(None) is None
+
+
+def test_a_reference_is_small_whatever_made_its_envelope_large():
+    huge = {**ENV, "op": "ddl", "rows": [], "ddl": "ALTER TABLE t COMMENT '" + "x" * 2_000_000 + "'",
+            "alter": {"comment": "y" * 100_000}}
+    ref_env = objects.reference(huge, envelope.encode(huge), "b", "n")
+    assert len(envelope.encode(ref_env)) < 1000 and "ddl" not in ref_env and "alter" not in ref_env
+
+
+def test_an_old_reader_refuses_a_reference_instead_of_reading_no_rows():
+    ref_env = objects.reference(ENV, envelope.encode(ENV), "b", "n")
+    assert envelope.decode(envelope.encode(ref_env))["v"] == envelope.REF_VERSION  # this binlake reads it
+    with pytest.raises(envelope.EnvelopeError, match="version 2"):
+        envelope.decode(envelope.encode({k: v for k, v in ref_env.items() if k != "ref"}))
+    assert objects.maybe_reference(envelope.encode(ref_env)) and not objects.maybe_reference(envelope.encode(ENV))
