@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -22,9 +22,14 @@ class BridgeClosed(Exception):
 
 
 class ThreadBridge(Generic[T]):
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_items: int = 10_000) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_items: int = 10_000, *, max_bytes: int | None = None,
+                 size: Callable[[T], int] | None = None) -> None:
+        """At most `max_items` items and, with `size`, `max_bytes` bytes (a put into an empty bridge always fits)."""
         self._loop = loop
         self._max = max_items
+        self._max_bytes = max_bytes
+        self._size = size
+        self._bytes = 0
         self._cond = threading.Condition()
         self._items: deque[T] = deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -36,12 +41,16 @@ class ThreadBridge(Generic[T]):
 
     def put_many(self, items: Iterable[T]) -> None:
         """Append items; blocks while the bridge is full. Raises BridgeClosed once cancelled."""
+        if self._size is not None and not isinstance(items, list):
+            items = list(items)
+        added = sum(map(self._size, items)) if self._size is not None else 0
         with self._cond:
-            while len(self._items) >= self._max and not self._cancelled:
+            while (len(self._items) >= self._max or self._full()) and not self._cancelled:
                 self._cond.wait(0.5)
             if self._cancelled:
                 raise BridgeClosed
             self._items.extend(items)
+            self._bytes += added
             wake = self._waiter is not None
         if wake:
             self._loop.call_soon_threadsafe(self._wake)
@@ -56,6 +65,9 @@ class ThreadBridge(Generic[T]):
         except RuntimeError:  # loop already closed
             pass
 
+    def _full(self) -> bool:
+        return self._max_bytes is not None and self._bytes >= self._max_bytes and bool(self._items)
+
     @property
     def cancelled(self) -> bool:
         return self._cancelled
@@ -69,6 +81,7 @@ class ThreadBridge(Generic[T]):
                 if self._items:
                     batch = list(self._items)
                     self._items.clear()
+                    self._bytes = 0
                     self._cond.notify_all()
                     return batch
                 if self._done:
@@ -88,6 +101,7 @@ class ThreadBridge(Generic[T]):
                 return []
             batch = list(self._items)
             self._items.clear()
+            self._bytes = 0
             self._cond.notify_all()
             return batch
 

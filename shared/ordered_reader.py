@@ -31,13 +31,17 @@ from shared.errors import NatsUnavailable
 STATUS = "Status"
 HEARTBEAT = "100"
 REQUEST_OVER = frozenset({"404", "408"})  # nothing (more) for this request: it is over
+BYTES_OVER = "Message Size Exceeds MaxBytes"  # a 409: the request's max_bytes are used up
+MESSAGE_ROOM = 64 * 1024  # a request's max_bytes exceed max_payload by this, so one message always fits
 REQUEST_S = 1.0  # every pull request lives as long, whatever a caller waits: they end in the order sent
 LOST_MARGIN_S = 2.0  # a request whose end status never came (server restart) is given up this much later
 
 
 class OrderedReader:
     def __init__(self, js: JetStreamContext, stream: str, subject: str, start_seq: int, batch: int, *,
-                 headers_only: bool = False) -> None:
+                 headers_only: bool = False, max_bytes: int | None = None) -> None:
+        """`max_bytes`: what the buffer may hold, in bytes (two pull requests of half of it each;
+        a request always has room for one message of max_payload); None: `batch` messages bound it."""
         self._js = js
         self._nc = js._nc
         self._api = js._prefix
@@ -46,6 +50,8 @@ class OrderedReader:
         self.next_seq = max(1, start_seq)
         self._batch = batch
         self._headers_only = headers_only
+        self._request_bytes = None if max_bytes is None else max(max_bytes // 2,
+                                                                 int(self._nc.max_payload) + MESSAGE_ROOM)
         self._consumer: str | None = None
         self._inbox_sub: Subscription | None = None
         self._inbox = ""
@@ -83,7 +89,10 @@ class OrderedReader:
             self._requests.popleft()  # its end status never came
         if len(self._requests) >= 2 or sum(r[0] for r in self._requests) > self._batch // 2:
             return
-        body = json.dumps({"batch": self._batch, "expires": int(REQUEST_S * 1e9)}).encode()
+        request: dict[str, int] = {"batch": self._batch, "expires": int(REQUEST_S * 1e9)}
+        if self._request_bytes is not None:
+            request["max_bytes"] = self._request_bytes
+        body = json.dumps(request).encode()
         try:
             await self._nc.publish(f"{self._api}.CONSUMER.MSG.NEXT.{self._stream}.{self._consumer}", body,
                                    reply=self._inbox)
@@ -119,7 +128,7 @@ class OrderedReader:
             if status is not None:
                 if status == HEARTBEAT:
                     continue
-                if status in REQUEST_OVER:
+                if status in REQUEST_OVER or (status == "409" and (m.headers or {}).get("Description") == BYTES_OVER):
                     if self._requests:
                         self._requests.popleft()
                     continue

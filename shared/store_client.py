@@ -87,9 +87,13 @@ class StoreClient:
         reply = await self._call("subscribe", {"filter": filter, "start": start, "reset": reset}, self._timeout * 3)
         return int(reply["acked"])
 
-    async def get(self, max_rows: int = 1000, max_wait: float = 1.0) -> Batch:
-        reply = await call_parts(self._nc, self._names.store_client_rpc(self._source, "get", self.client),
-                                 {"client": self.client, "max_rows": max_rows, "max_wait": max_wait},
+    async def get(self, max_rows: int = 1000, max_wait: float = 1.0, max_bytes: int | None = None) -> Batch:
+        """The next batch: at most `max_rows` rows, and at most `max_bytes` of events when given
+        (at least one event; an event larger than a message, fetched from its object, comes alone)."""
+        req: dict[str, Any] = {"client": self.client, "max_rows": max_rows, "max_wait": max_wait}
+        if max_bytes is not None:
+            req["max_bytes"] = max_bytes
+        reply = await call_parts(self._nc, self._names.store_client_rpc(self._source, "get", self.client), req,
                                  ("events", "seqs"), timeout=self._timeout + max_wait)
         raw = list(reply.get("events") or [])
         for i, data in enumerate(raw):
@@ -106,9 +110,10 @@ class StoreClient:
     async def unsubscribe(self) -> None:
         await self._call("unsubscribe", {})
 
-    async def batches(self, max_rows: int = 1000, max_wait: float = 1.0) -> AsyncIterator[Batch]:
+    async def batches(self, max_rows: int = 1000, max_wait: float = 1.0,
+                      max_bytes: int | None = None) -> AsyncIterator[Batch]:
         """Non-empty batches, forever; the caller acks each one."""
         while True:
-            batch = await self.get(max_rows, max_wait)
+            batch = await self.get(max_rows, max_wait, max_bytes)
             if batch.id is not None:
                 yield batch

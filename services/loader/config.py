@@ -24,6 +24,7 @@ class LoaderConfig(config.ServiceConfig):
     catalog_uri: str = ""  # jdbc:mysql://..., http://..., thrift://...
     catalog_options: dict[str, str] = field(default_factory=dict)  # more spark.sql.catalog.<catalog>.* settings
     batch_rows: int = 50_000
+    batch_bytes: int = 64 * 1024 * 1024  # a batch from the store holds at most this many bytes of events
     flush_s: float = 5.0
     merge_rows: int = 1_000_000  # merge the changelog tail into the current table at this many rows...
     merge_s: float = 300.0  # ...or when its oldest change is this old
@@ -38,7 +39,7 @@ class LoaderConfig(config.ServiceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("batch_rows", "merge_rows"):
+        for name in ("batch_rows", "merge_rows", "batch_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"BINLAKE_{name.upper()} must be >= 1, got {getattr(self, name)}")
         for name in ("flush_s", "merge_s"):

@@ -50,7 +50,8 @@ class Loader:
         committed = await loop.run_in_executor(self._thread, self._lake.open)
         acked = await self._client.subscribe(filter=self._cfg.filter, start="earliest")
         self.log.info("loader.start", committed=committed, acked=acked)
-        reader = ReadAhead(self._client, self._cfg.batch_rows, self._cfg.flush_s, lambda: self._lake.committed)
+        reader = ReadAhead(self._client, self._cfg.batch_rows, self._cfg.flush_s, lambda: self._lake.committed,
+                           max_bytes=self._cfg.batch_bytes)
         try:
             while True:
                 fetched = await reader.next()

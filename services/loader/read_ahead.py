@@ -33,9 +33,11 @@ def decode(batch: Batch, after: int = 0) -> list[tuple[int, dict[str, Any]]]:
 
 
 class ReadAhead:
-    def __init__(self, client: StoreClient, max_rows: int, max_wait_s: float, committed: Callable[[], int]) -> None:
+    def __init__(self, client: StoreClient, max_rows: int, max_wait_s: float, committed: Callable[[], int], *,
+                 max_bytes: int | None = None) -> None:
         self._client = client
         self._max_rows = max_rows
+        self._max_bytes = max_bytes
         self._max_wait_s = max_wait_s
         self._committed = committed
         self._next: asyncio.Task[Fetched] | None = None
@@ -56,7 +58,7 @@ class ReadAhead:
             self._next = None
 
     async def _fetch(self) -> Fetched:
-        batch = await self._client.get(self._max_rows, self._max_wait_s)
+        batch = await self._client.get(self._max_rows, self._max_wait_s, self._max_bytes)
         if batch.id is None:
             return Fetched(batch, frames.Prepared([], {}))
         after = self._committed()

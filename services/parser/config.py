@@ -20,12 +20,15 @@ class ParserConfig(config.ServiceConfig):
     source_stall_s: float = 0.0  # nothing from the source this long: unhealthy, lease given up (0: auto)
     lease_ttl_s: float = 15.0  # outlasts a JetStream leader election (a few seconds)
     publish_window: int = 4000
+    publish_window_bytes: int = 64 * 1024 * 1024  # ...and at most this many bytes in flight
+    buffer_bytes: int = 64 * 1024 * 1024  # messages the binlog thread may have ready, in bytes
     ack_timeout_s: float = 15.0
     report_interval_s: float = 1.0
     metrics_port: int = 9101
     watermark_table: str = "binlake.watermarks"  # where snapshots write their watermarks (DBLog)
     snapshot_tables: str = ""  # regex over db.table: snapshot such tables on first sight ("" = only on request)
     snapshot_chunk_rows: int = 4096
+    snapshot_chunk_bytes: int = 32 * 1024 * 1024  # a chunk (of a table with a key) ends early at this many bytes
     snapshot_parallel: int = 2  # tables snapshotted at once
     snapshot_max_rows_s: float = 0.0  # rate limit over all tables; 0 = unlimited
     snapshot_poll_s: float = 1.0

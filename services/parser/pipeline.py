@@ -81,6 +81,7 @@ class Pipeline:
         try:
             await self._run(info, start, origin, tail, Publisher(acks, tail.last_id if tail else None, self._acked,
                                                                  window=cfg.publish_window,
+                                                                 window_bytes=cfg.publish_window_bytes,
                                                                  ack_timeout_s=cfg.ack_timeout_s,
                                                                  put_object=self._put_object))
         finally:
@@ -101,7 +102,8 @@ class Pipeline:
             await publisher.publish(asm.heartbeat(int(time.time() * 1000)))
             await publisher.flush()
         self.acked = AckedScn()  # per run: after a failover the positions may start lower
-        bridge: ThreadBridge[Outgoing] = ThreadBridge(asyncio.get_running_loop(), max_items=20_000)
+        bridge: ThreadBridge[Outgoing] = ThreadBridge(asyncio.get_running_loop(), max_items=20_000,
+                                                      max_bytes=cfg.buffer_bytes, size=Outgoing.size)
         windows = Windows(cfg.source, cfg.watermark)
         reader = BinlogReader(self.dsn, cfg.replica_server_id, asm, bridge, mariadb=info.mariadb,
                               heartbeat_s=cfg.heartbeat_s, windows=windows, read_timeout_s=cfg.stall_s,

@@ -28,11 +28,13 @@ EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 
 class Publisher:
     def __init__(self, acks: AsyncPublisher, last_id: str | None, on_acked: Callable[[Outgoing | None, int], None],
-                 *, window: int = 4000, ack_timeout_s: float = 15.0,
+                 *, window: int = 4000, window_bytes: int | None = None, ack_timeout_s: float = 15.0,
                  put_object: Callable[[Outgoing], Awaitable[None]] | None = None) -> None:
         self._acks = acks
         self._put_object = put_object
         self._window = window
+        self._window_bytes = window_bytes
+        self._inflight_bytes = 0
         self._last_id = last_id
         self._on_acked = on_acked
         self._timeout = ack_timeout_s
@@ -47,13 +49,15 @@ class Publisher:
 
     async def publish(self, batch: list[Outgoing]) -> None:
         for msg in batch:
-            while len(self._inflight) >= self._window:
+            while len(self._inflight) >= self._window or (
+                    self._window_bytes is not None and self._inflight and self._inflight_bytes >= self._window_bytes):
                 await self._wait_oldest()
             if msg.blob is not None:
                 # The object before its reference: a reader never finds a reference without it.
                 if self._put_object is None:
                     raise PublishFailed(f"{msg.msg_id} needs an object store and this publisher has none")
                 await self._put_object(msg)
+                msg.blob = None  # stored: not held while its reference is in flight
                 self.objects += 1
             if self._last_id is not None:
                 msg.headers[EXPECTED_LAST_MSG_ID] = self._last_id
@@ -62,6 +66,7 @@ class Publisher:
             except (nats.errors.Error, OSError) as exc:
                 raise PublishFailed(f"publish of {msg.msg_id} failed: {exc!r}") from exc
             self._inflight.append((msg, fut, time.monotonic()))
+            self._inflight_bytes += len(msg.data)
             self._last_id = msg.msg_id
             if _cancelling():
                 # A nats-py wait inside publish can swallow our cancellation (CPython gh-86296,
@@ -75,6 +80,7 @@ class Publisher:
         count = 0
         while self._inflight and self._inflight[0][1].done():
             msg, fut, _ = self._inflight.popleft()
+            self._inflight_bytes -= len(msg.data)
             exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
             if exc is not None:
                 raise PublishFailed(f"JetStream refused {msg.msg_id} on {msg.subject}: {exc!r}") from exc
@@ -104,6 +110,7 @@ class Publisher:
     def abandon(self) -> None:
         """Cancel whatever is still in flight (its outcome is re-learned from the stream tail)."""
         self._inflight.clear()
+        self._inflight_bytes = 0
         self._acks.cancel_all()
 
 

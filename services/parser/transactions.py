@@ -62,6 +62,10 @@ class Outgoing:
     last: bool
     blob: bytes | None = None  # the whole envelope when `data` is its reference (`shared.objects`)
 
+    def size(self) -> int:
+        """Bytes it holds (the bound of the parser's buffers)."""
+        return len(self.data) + (len(self.blob) if self.blob is not None else 0)
+
 
 @dataclass
 class _Txn:

@@ -32,7 +32,8 @@ async def main(cfg: SinkConfig) -> None:
         membership = Membership(js, names.members_bucket, cfg.source, cfg.instance, cfg.member_ttl_s, view)
 
         def make_worker(p: int) -> PartitionWorker:
-            settings = PartitionSettings(cfg.source, p, cfg.batch, cfg.cursor_interval_s, cfg.publish_timeout_s)
+            settings = PartitionSettings(cfg.source, p, cfg.batch, cfg.cursor_interval_s, cfg.publish_timeout_s,
+                                         cfg.fetch_bytes)
             return PartitionWorker(js, names, cursors, rules, settings, registry)
 
         tables: Latest[dict[int, int]] = Latest()

@@ -14,6 +14,7 @@ class SinkConfig(config.ServiceConfig):
     member_ttl_s: float = 15.0  # outlasts a JetStream leader election (a few seconds)
     rebalance_s: float = 30.0  # how often the tables per partition are counted again
     batch: int = 500
+    fetch_bytes: int = 64 * 1024 * 1024  # raw messages a partition holds read ahead, in bytes
     cursor_interval_s: float = 1.0
     publish_timeout_s: float = 10.0
     include: tuple[str, ...] = ()

@@ -53,6 +53,7 @@ class PartitionSettings:
     batch: int
     cursor_interval_s: float
     publish_timeout_s: float
+    fetch_bytes: int | None = None
 
 
 class PartitionWorker:
@@ -96,7 +97,7 @@ class PartitionWorker:
             await self._verify()
         reader = self._reader = OrderedReader(self._js, self._names.raw_stream,
                                               self._names.raw_partition_filter(self._s.source, self._s.partition),
-                                              self._cursor + 1, self._s.batch)
+                                              self._cursor + 1, self._s.batch, max_bytes=self._s.fetch_bytes)
         fence = SubjectFence(self._js, self._names.cdc_stream, self._s.publish_timeout_s,
                              atomic=await jetstream.allows_atomic(self._js, self._names.cdc_stream))
         self.log.info("partition.start", cursor=self._cursor, atomic_batches=fence.atomic)

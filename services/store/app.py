@@ -25,7 +25,8 @@ async def main(cfg: StoreConfig) -> None:
         js = nc.jetstream()
         await apply_retention(js, names, cfg.cdc_max_age_s, cfg.cdc_max_bytes, cfg.replicas, must_apply=False)
         store = StoreServer(nc, js, names, cfg.source, MetaClient(nc, cfg.prefix, cfg.meta_timeout_s), registry,
-                            cfg.max_batch_rows)
+                            cfg.max_batch_rows, max_batch_bytes=cfg.max_batch_bytes,
+                            prefetch_bytes=cfg.prefetch_bytes)
         await store.start()
         log.info("store.start", source=cfg.source)
 

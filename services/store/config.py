@@ -13,6 +13,8 @@ class StoreConfig(config.ServiceConfig):
     cdc_max_age_s: float = 7 * 86400.0  # 0 = keep forever
     cdc_max_bytes: int = -1  # -1 = unlimited
     max_batch_rows: int = 100_000
+    max_batch_bytes: int = 64 * 1024 * 1024  # a batch ends once its events hold this many bytes
+    prefetch_bytes: int = 16 * 1024 * 1024  # what the store reads ahead per client, in bytes
     meta_timeout_s: float = 5.0
     metrics_port: int = 9103
 

@@ -49,13 +49,16 @@ class _Position:
 
 class StoreServer:
     def __init__(self, nc: NATS, js: JetStreamContext, names: Names, source: str, meta: MetaClient,
-                 registry: Registry, max_batch_rows: int) -> None:
+                 registry: Registry, max_batch_rows: int, *, max_batch_bytes: int = 64 * 1024 * 1024,
+                 prefetch_bytes: int | None = None) -> None:
         self._nc = nc
         self._js = js
         self._names = names
         self._source = source
         self._meta = meta
         self._max_rows = max_batch_rows
+        self._max_bytes = max_batch_bytes
+        self._prefetch_bytes = prefetch_bytes
         self._positions: dict[str, _Position] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._swept = time.monotonic()
@@ -175,14 +178,18 @@ class StoreServer:
         client = require_client(req)
         max_rows = require({"max_rows": 1000, **req}, "max_rows", int)
         max_wait = float(require({"max_wait": 1.0, **req}, "max_wait", (int, float)))
+        max_bytes = require({"max_bytes": self._max_bytes, **req}, "max_bytes", int)
         if not 1 <= max_rows <= self._max_rows:
             raise BadRequest(f"max_rows must be 1..{self._max_rows}")
+        if max_bytes < 1:
+            raise BadRequest("max_bytes must be at least 1")
+        max_bytes = min(max_bytes, self._max_bytes)  # the store's own bound (BINLAKE_MAX_BATCH_BYTES) holds
         if not 0 <= max_wait <= 60:
             raise BadRequest("max_wait must be 0..60 seconds")
 
         async def attempt() -> dict[str, Any]:
             state, revision = await self._load(client)
-            events, seqs, rows, end = await self._read(state, max_rows, max_wait)
+            events, seqs, rows, end = await self._read(state, max_rows, max_wait, max_bytes)
             if end == state.delivered:
                 return {"batch_id": None, "events": [], "seqs": [], "rows": 0}
             if not events and not state.batches:
@@ -205,9 +212,11 @@ class StoreServer:
             return await cas.retry_on_conflict(attempt, conflict=Conflict, tries=5, what=f"client {client!r}",
                                                on_conflict=forget_position)
 
-    async def _read(self, state: ClientState, max_rows: int,
-                    max_wait: float) -> tuple[list[bytes], list[int], int, int]:
+    async def _read(self, state: ClientState, max_rows: int, max_wait: float,
+                    max_bytes: int) -> tuple[list[bytes], list[int], int, int]:
         """Events after `state.delivered` for this client: (envelopes, their CDC sequences, rows, last examined).
+
+        A batch ends at `max_rows` rows or once its events hold `max_bytes` (at least one event).
 
         A batch ends after an object reference (a message too large for NATS, `shared.objects`):
         the client fetches the object, and one such object per batch bounds what it holds."""
@@ -217,16 +226,16 @@ class StoreServer:
             if pos is not None:
                 await pos.reader.close()
             reader = OrderedReader(self._js, self._names.cdc_stream, self._names.cdc_source_filter(self._source),
-                                   state.delivered + 1, FETCH)
+                                   state.delivered + 1, FETCH, max_bytes=self._prefetch_bytes)
             pos = self._positions[state.client] = _Position(reader)
         pos.used = time.monotonic()
         pattern = batches.compile_filter(state.filter)
         events: list[bytes] = []
         seqs: list[int] = []
-        rows = 0
+        rows = size = 0
         end = state.delivered
         deadline = time.monotonic() + max_wait
-        while rows < max_rows:
+        while rows < max_rows and size < max_bytes:
             if not pos.buffer:
                 # Wait up to max_wait for the batch to fill (Canal's get(batchSize, timeout)).
                 remaining = deadline - time.monotonic()
@@ -250,6 +259,7 @@ class StoreServer:
             if batches.wanted((unescape_token(parts[-2]), unescape_token(parts[-1])) if parts[-2] != "$binlake"
                               else ("$binlake", parts[-1]), headers, state, pattern):
                 events.append(m.data)
+                size += len(m.data)
                 seqs.append(end)
                 rows += int(headers.get("Binlake-Rows", 0))
                 if objects.HEADER in headers:

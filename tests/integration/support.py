@@ -103,6 +103,11 @@ class ServiceProcess:
         return None if self.proc is None else self.proc.poll()
 
     @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.module} was not started"
+        return self.proc.pid
+
+    @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 

@@ -73,3 +73,24 @@ async def test_a_missing_stream_is_waited_for_not_polled_in_a_loop(nc: Client) -
         assert got == [b"2"]
     finally:
         await reader.close()
+
+
+async def test_a_byte_budget_bounds_each_request_and_the_reader_goes_on(nc: Client) -> None:
+    js = nc.jetstream()
+    name, subject = await new_stream(nc)
+    for i in range(40):
+        await js.publish(f"{name.lower()}.a", i.to_bytes(2, "big") * 100_000)  # 200 KB each
+    reader = OrderedReader(js, name, subject, 1, batch=500, max_bytes=1)  # each request: one max_payload
+    got: list[int] = []
+    sizes: list[int] = []
+    try:
+        while len(got) < 40:
+            msgs = await reader.fetch(wait_s=1.0)
+            assert msgs, f"stalled after {len(got)}"
+            got += [int.from_bytes(m.data[:2], "big") for m in msgs]
+            sizes.append(sum(len(m.data) for m in msgs))
+        assert got == list(range(40))
+        # At most two requests of max_payload + room are ever delivered at once, never the whole 8 MB.
+        assert max(sizes) <= 2 * (nc.max_payload + 64 * 1024), sizes
+    finally:
+        await reader.close()

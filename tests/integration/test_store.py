@@ -184,12 +184,12 @@ def create(db: str, table: str = "t") -> str:
 
 
 async def drain(c: StoreClient, max_rows: int = 1000, *, ack: bool = True, max_wait: float = 0.5,
-                idle: int = 2) -> list[Batch]:
+                idle: int = 2, max_bytes: int | None = None) -> list[Batch]:
     """Get batches until `idle` gets in a row bring no events; ack each one if `ack`."""
     out: list[Batch] = []
     quiet = 0
     while quiet < idle:
-        b = await c.get(max_rows, max_wait)
+        b = await c.get(max_rows, max_wait, max_bytes)
         if b.id is not None:
             out.append(b)
             if ack:
@@ -249,6 +249,13 @@ async def test_subscribe_starts_and_batches(stack: Stack) -> None:
     assert [len([e for e in b.events if e.get("rows")]) for b in rows_only] == [1] * 10
     assert all(b.rows == 3 for b in rows_only)
     assert keys(events_of(singles)) == cdc_keys(msgs)
+
+    # max_bytes=1: one message per batch, whatever max_rows allows
+    small = stack.client("small")
+    await small.subscribe(filter=stack.table_filter("t"))
+    by_bytes = await drain(small, max_rows=1000, max_bytes=1)
+    assert [len(b.events) for b in by_bytes if b.rows] == [1] * 10
+    assert keys(events_of(by_bytes)) == cdc_keys(msgs)
 
     # a filter on every table of the database gets both tables, in stream order
     both = stack.client("both")

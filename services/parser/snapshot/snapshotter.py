@@ -419,7 +419,7 @@ class Snapshotter:
                     # The chunking key changed (ALTER TABLE): its order is another; start over.
                     self.log.warning("snapshot.key_changed", table=p.name, old=sig, new=shape.key_sig)
                     last = None
-                rows, last_key = await self._read(conn, shape, last)
+                rows, last_key, cut = await self._read(conn, shape, last)
             except UnsupportedColumn as exc:
                 raise TableFailed(str(exc)) from None
             except _DECODE_ERRORS as exc:
@@ -441,7 +441,7 @@ class Snapshotter:
                     return f"{_STALE} ({exc.args[-1] if exc.args else exc})"
                 raise TableFailed(f"reading {p.name} failed: {exc.args[-1] if exc.args else exc}") from None
             self.windows.fill(wid, Chunk(shape.schema, shape.key, rows))
-            done = not shape.key or len(rows) < self.cfg.snapshot_chunk_rows
+            done = not shape.key or (len(rows) < self.cfg.snapshot_chunk_rows and not cut)
             read = _Read(wid, outcome, shape, known[1] if known is not None else None, len(rows),
                          last_key if rows else last, done)
             return read
@@ -475,8 +475,9 @@ class Snapshotter:
         return p, outcome.scn, True
 
     async def _read(self, conn: Any, shape: TableShape,
-                    last_key: list[Any] | None) -> tuple[list[dict[str, Any]], list[Any] | None]:
-        """One chunk in key order after `last_key` (the whole table when it has no key)."""
+                    last_key: list[Any] | None) -> tuple[list[dict[str, Any]], list[Any] | None, bool]:
+        """One chunk in key order after `last_key` (the whole table when it has no key): its rows,
+        the key of the last one, and whether it was cut short at `snapshot_chunk_bytes`."""
         schema = shape.schema
         names = tuple(c.name for c in schema.columns)
         by_name = {c.name: (i, c) for i, c in enumerate(schema.columns)}
@@ -486,18 +487,31 @@ class Snapshotter:
         params = keyset_params(tuple(last_key)) if last_key is not None else []
         decode = row_decoder(schema.columns, self.stats)
         bound = row_size_check(schema.columns, self.max_row_bytes)
+        # Rows that could add up to more than the chunk's bytes are measured; a keyless table is read whole.
+        per_row = row_size_check(schema.columns, self.cfg.snapshot_chunk_bytes // self.cfg.snapshot_chunk_rows) \
+            if key_cols else None
         rows: list[dict[str, Any]] = []
         raw: tuple[Any, ...] | None = None
+        size, cut, largest, step = 0, False, 1, 1024 if per_row is None else 1
+        budget = self.cfg.snapshot_chunk_bytes
         async with conn.cursor(SSCursor) as cur:
             await cur.execute(sql, params)
-            while many := await cur.fetchmany(1024):  # one await per 1,024 rows, not per row
+            while many := await cur.fetchmany(step):  # one await per block of rows, not per row
                 if bound is not None:
                     self._check_sizes(schema, many, bound)
                 rows.extend(map(decode, many))
                 raw = many[-1]
+                if per_row is not None:
+                    fixed, long = per_row
+                    sizes = [fixed + sum(len(r[i]) for i in long if r[i] is not None) for r in many]
+                    size, largest = size + sum(sizes), max(largest, *sizes)
+                    if size >= budget:
+                        cut = True  # the rest of the chunk is read and dropped as the cursor closes
+                        break
+                    step = max(1, min(1024, (budget - size) // largest))  # the next block fits the budget
         if raw is None or not key_cols:
-            return rows, None
-        return rows, [key_param(c, raw[i]) for i, c in key_cols]
+            return rows, None, cut
+        return rows, [key_param(c, raw[i]) for i, c in key_cols], cut
 
     def _check_sizes(self, schema: TableSchema, rows: list[tuple[Any, ...]],
                      bound: tuple[int, tuple[int, ...]]) -> None:

@@ -35,7 +35,7 @@ class Store:
         self.most_in_flight = 0
         self.gets = 0
 
-    async def get(self, max_rows: int = 1000, max_wait: float = 1.0) -> Batch:
+    async def get(self, max_rows: int = 1000, max_wait: float = 1.0, max_bytes: int | None = None) -> Batch:
         self.gets += 1
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
