@@ -32,6 +32,7 @@ STATUS = "Status"
 HEARTBEAT = "100"
 REQUEST_OVER = frozenset({"404", "408"})  # nothing (more) for this request: it is over
 BYTES_OVER = "Message Size Exceeds MaxBytes"  # a 409: the request's max_bytes are used up
+BATCH_DONE = "Batch Completed"  # a 409 after the last message of a request with max_bytes (server >= 2.10)
 MESSAGE_ROOM = 64 * 1024  # a request's max_bytes exceed max_payload by this, so one message always fits
 REQUEST_S = 1.0  # every pull request lives as long, whatever a caller waits: they end in the order sent
 LOST_MARGIN_S = 2.0  # a request whose end status never came (server restart) is given up this much later
@@ -128,7 +129,10 @@ class OrderedReader:
             if status is not None:
                 if status == HEARTBEAT:
                     continue
-                if status in REQUEST_OVER or (status == "409" and (m.headers or {}).get("Description") == BYTES_OVER):
+                description = (m.headers or {}).get("Description")
+                if status == "409" and description == BATCH_DONE:
+                    continue  # its messages already closed it in the count below
+                if status in REQUEST_OVER or (status == "409" and description == BYTES_OVER):
                     if self._requests:
                         self._requests.popleft()
                     continue

@@ -43,6 +43,12 @@ class ParserConfig(config.ServiceConfig):
             raise ConfigError(f"BINLAKE_START must be 'current' or 'earliest', got {self.start!r}")
         if self.snapshot_chunk_rows < 1:
             raise ConfigError(f"BINLAKE_SNAPSHOT_CHUNK_ROWS must be at least 1, got {self.snapshot_chunk_rows}")
+        if self.snapshot_chunk_bytes < self.snapshot_chunk_rows:
+            raise ConfigError(f"BINLAKE_SNAPSHOT_CHUNK_BYTES ({self.snapshot_chunk_bytes}) must be at least "
+                              f"BINLAKE_SNAPSHOT_CHUNK_ROWS ({self.snapshot_chunk_rows})")
+        for name in ("buffer_bytes", "publish_window_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"BINLAKE_{name.upper()} must be at least 1, got {getattr(self, name)}")
         if not 1 <= self.snapshot_parallel <= 64:
             raise ConfigError(f"BINLAKE_SNAPSHOT_PARALLEL must be 1..64, got {self.snapshot_parallel}")
         if self.snapshot_poll_s <= 0 or self.snapshot_scan_s <= 0:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shared import config
+from shared.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,6 +18,12 @@ class StoreConfig(config.ServiceConfig):
     prefetch_bytes: int = 16 * 1024 * 1024  # what the store reads ahead per client, in bytes
     meta_timeout_s: float = 5.0
     metrics_port: int = 9103
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("max_batch_rows", "max_batch_bytes", "prefetch_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"BINLAKE_{name.upper()} must be at least 1, got {getattr(self, name)}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> StoreConfig:
