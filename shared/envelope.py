@@ -7,7 +7,8 @@ ms), `pos` (`file`, `offset`, `gtid`), `scn`, `chunk`, `txn` (`id`, `i`, `last`)
 `resume` is where a reader restarts so that nothing after this message is lost: for the
 last message of a transaction the position after its commit, otherwise the start of its
 transaction (the reader then skips the batches of that transaction it already published).
-It is a map with `file`, `offset` and `gtid` (the GTID state to connect with, or None).
+It is a map with `file`, `offset` and `gtid` (the GTID state to connect with, or None), and
+`server` (the source's server_id) and `epoch` (see `scn`) when known.
 """
 
 from __future__ import annotations
@@ -69,9 +70,21 @@ class EnvelopeError(ValueError):
     """A message is not a binlake envelope this version can read."""
 
 
-def scn(file: str, offset: int) -> int:
-    """64-bit order key: binlog file number << 32 | offset (as in Databus)."""
-    return (binlog_number(file) << 32) | offset
+EPOCH_SHIFT: Final = 56
+MAX_EPOCH: Final = 127  # the order key stays a positive signed 64-bit integer (Iceberg's long)
+
+
+def scn(file: str, offset: int, epoch: int = 0) -> int:
+    """64-bit order key: epoch << 56 | binlog file number << 32 | offset (as in Databus).
+
+    The epoch counts the servers of the source's replication topology binlake has moved to
+    (a failover, `services.parser.failover`): another server numbers its binlogs its own way,
+    so its positions order only after everything read before the switch.
+    """
+    number = binlog_number(file)
+    if not 0 <= epoch <= MAX_EPOCH or number >= 1 << 24 or not 0 <= offset < 1 << 32:
+        raise EnvelopeError(f"position {file}:{offset} (epoch {epoch}) does not fit the 64-bit order key")
+    return (epoch << EPOCH_SHIFT) | (number << 32) | offset
 
 
 def binlog_number(file: str) -> int:

@@ -29,7 +29,6 @@ from services.parser.rows import check_full_image, decode_rows
 from services.parser.snapshot.windows import Windows
 from services.parser.transactions import Assembler, Outgoing, Resume
 from services.parser.values import DecodeStats
-from shared import envelope
 from shared.bridge import BridgeClosed, ThreadBridge
 from shared.errors import (
     BinlakeError,
@@ -254,7 +253,7 @@ class BinlogReader:
 
         def emit(schema: TableSchema, chunk: list[dict[str, Any]]) -> int:
             out.extend(self._asm.snapshot(schema, chunk, file, start, ts))
-            return envelope.scn(file, start)
+            return self._asm.scn(file, start)
 
         windows.on_watermark(rows, emit)
         return out

@@ -35,6 +35,7 @@ class SourceInfo:
     # @@lower_case_table_names: with 1 the server stores (and the binlog's TableMaps carry)
     # database and table names in lower case, however a statement spells them.
     lower_case_table_names: int = 0
+    server_id: int = 0  # @@server_id: which server of the topology this is (`failover`)
 
 
 def check_settings(v: Mapping[str, str]) -> None:
@@ -126,4 +127,5 @@ async def inspect_source(dsn: MysqlUrl) -> SourceInfo:
         earliest=Resume(str(logs[0][0]), 4, None),
         binlogs=tuple(str(r[0]) for r in logs),
         lower_case_table_names=int(variables.get("lower_case_table_names") or 0),
+        server_id=int(variables.get("server_id") or 0),
     )

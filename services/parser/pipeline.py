@@ -19,6 +19,7 @@ from nats.js.kv import KeyValue
 from services.parser.binlog import BinlogReader
 from services.parser.checks import SourceInfo, inspect_source
 from services.parser.config import ParserConfig
+from services.parser.failover import resume_on
 from services.parser.position import Tail, read_tail, saved_position
 from services.parser.publisher import Publisher
 from services.parser.snapshot.snapshotter import AckedScn, Snapshotter
@@ -70,7 +71,15 @@ class Pipeline:
                                      replicas=cfg.replicas)
         tail = await read_tail(self.js, self.names, cfg.source)
         saved = None if tail else await saved_position(self.cursors, cfg.source)
-        start = tail.resume if tail else saved or (info.current if cfg.start == "current" else info.earliest)
+        last = tail.resume if tail else saved
+        if last is not None:
+            start = resume_on(last, info.server_id, info.mariadb, info.current.gtid)
+            if start.epoch != last.epoch:
+                self.log.warning("pipeline.server_switched", server_id=info.server_id, previous=last.server,
+                                 gtid=start.gtid, epoch=start.epoch)
+        else:
+            fresh = info.current if cfg.start == "current" else info.earliest
+            start = Resume(fresh.file, fresh.offset, fresh.gtid, info.server_id)
         origin = "stream" if tail else "saved position" if saved else f"BINLAKE_START={cfg.start}"
         if not (info.mariadb and start.gtid) and start.file not in info.binlogs:
             raise BinlogPurged(f"binlog {start.file} ({origin} {start.file}:{start.offset}) is no longer on the "
@@ -90,7 +99,8 @@ class Pipeline:
     async def _run(self, info: SourceInfo, start: Resume, origin: str, tail: Tail | None,
                    publisher: Publisher) -> None:
         cfg = self.cfg
-        asm = Assembler(cfg.source, self.names, start, max_payload=self.nc.max_payload,
+        asm = Assembler(cfg.source, self.names, start, max_payload=self.nc.max_payload, server=start.server,
+                        epoch=start.epoch,
                         skip=tail.skip if tail else None, mariadb=info.mariadb, ignore=frozenset({cfg.watermark}),
                         lower_names=info.lower_case_table_names == 1)
         self.log.info("pipeline.start", origin=origin, resume_file=start.file, resume_offset=start.offset,
@@ -166,4 +176,4 @@ class Pipeline:
         self.published.inc(count)
         if complete is not None:
             self.progress.set(complete)
-            self.acked.advance(envelope.scn(complete.resume.file, complete.resume.offset))
+            self.acked.advance(envelope.scn(complete.resume.file, complete.resume.offset, complete.resume.epoch))

@@ -76,15 +76,19 @@ def _resume_of(env: dict[str, object]) -> tuple[Resume, SkipMark | None]:
         raise ValueError(f"resume {resume!r} is no binlog position")
     if gtid is not None and not isinstance(gtid, str):
         raise TypeError(f"resume gtid {gtid!r} is not text")
+    server, epoch = resume.get("server"), resume.get("epoch", 0)
+    if (server is not None and (isinstance(server, bool) or not isinstance(server, int))) or isinstance(
+            epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= envelope.MAX_EPOCH:
+        raise TypeError(f"resume server {server!r} or epoch {epoch!r} is not a server id and an epoch")
     envelope.binlog_number(file)  # a binlog file name ends in its number
     last, txn_id, i = txn["last"], txn.get("id"), txn.get("i")
     if not isinstance(last, bool):
         raise TypeError(f"txn.last {last!r} is not a bool")
     if last:
-        return Resume(file, offset, gtid), None
+        return Resume(file, offset, gtid, server, epoch), None
     if not isinstance(txn_id, str) or isinstance(i, bool) or not isinstance(i, int):
         raise TypeError(f"txn {txn!r} of an unfinished transaction lacks its id or index")
-    return Resume(file, offset, gtid), SkipMark(txn_id, i)
+    return Resume(file, offset, gtid, server, epoch), SkipMark(txn_id, i)
 
 
 async def saved_position(kv: KeyValue, source: str) -> Resume | None:
@@ -102,7 +106,9 @@ async def saved_position(kv: KeyValue, source: str) -> Resume | None:
         raise NatsUnavailable(f"parser cursor: {exc!r}") from exc
     saved = kv_values.load_json(entry.value, keys.parser_cursor(source))  # a relayed server reply halts here
     try:
-        return Resume(str(saved["file"]), int(saved["offset"]), saved.get("gtid") or None)
+        server = saved.get("server")
+        return Resume(str(saved["file"]), int(saved["offset"]), saved.get("gtid") or None,
+                      None if server is None else int(server), int(saved.get("epoch") or 0))
     except (ValueError, KeyError, TypeError) as exc:
         raise StreamMismatch(
             f"the saved parser position {keys.parser_cursor(source)!r} is unreadable ({exc!r}); only the parser "
@@ -122,7 +128,8 @@ class PositionReporter:
         self._revision: int | None = None
         self._log = structlog.get_logger().bind(actor="position")
         self._lag = registry.gauge("parser_lag_seconds", "Seconds between a change's commit and its ack by JetStream")
-        self._scn = registry.gauge("parser_scn", "Order key (file number << 32 | offset) of the last published txn")
+        self._scn = registry.gauge("parser_scn",
+                                   "Order key (epoch << 56 | file number << 32 | offset) of the last published txn")
         self._reported = registry.counter("parser_position_reports_total", "Cursor writes to the meta bucket")
 
     async def run(self) -> None:
@@ -147,10 +154,10 @@ class PositionReporter:
 
     async def _write(self, msg: Outgoing, now_ms: int) -> None:
         r = msg.resume
-        scn = envelope.scn(r.file, r.offset)
+        scn = envelope.scn(r.file, r.offset, r.epoch)
         value = json.dumps({"source": self._source, "file": r.file, "offset": r.offset, "gtid": r.gtid,
-                            "scn": scn, "ts": msg.ts, "lag_ms": max(0, now_ms - msg.ts),
-                            "updated_ms": now_ms}).encode()
+                            "server": r.server, "epoch": r.epoch, "scn": scn, "ts": msg.ts,
+                            "lag_ms": max(0, now_ms - msg.ts), "updated_ms": now_ms}).encode()
         written = await cas.write_forward(
             self._kv, self._key, value, self._revision,
             lambda stored: int(kv_values.load_json(stored, self._key).get("scn", 0)) > scn)

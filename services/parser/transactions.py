@@ -25,18 +25,28 @@ HEADER_ALLOWANCE = 1024  # room left in max_payload for headers
 
 @dataclass(frozen=True)
 class Resume:
-    """Where a reader restarts: binlog file/offset and, on MariaDB, the GTID state."""
+    """Where a reader restarts: binlog file/offset and, on MariaDB, the GTID state; the server
+    (its server_id) those belong to and the epoch of the order keys (`envelope.scn`)."""
 
     file: str
     offset: int
     gtid: str | None = None
+    server: int | None = None
+    epoch: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "offset": self.offset, "gtid": self.gtid}
+        out: dict[str, Any] = {"file": self.file, "offset": self.offset, "gtid": self.gtid}
+        if self.server is not None:
+            out["server"] = self.server
+        if self.epoch:
+            out["epoch"] = self.epoch
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Resume:
-        return cls(file=d["file"], offset=int(d["offset"]), gtid=d.get("gtid"))
+        server = d.get("server")
+        return cls(file=d["file"], offset=int(d["offset"]), gtid=d.get("gtid"),
+                   server=None if server is None else int(server), epoch=int(d.get("epoch") or 0))
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,8 @@ class Assembler:
     # The source runs with lower_case_table_names=1: a DDL names its tables in lower case, the way
     # the server stores them and the rows' TableMaps carry them, however the statement spells them.
     lower_names: bool = False
+    server: int | None = None  # the source's server_id
+    epoch: int = 0  # of the order keys (`envelope.scn`): servers moved to so far
     _txn: _Txn | None = field(default=None, init=False)
     _gtids: dict[int, str] = field(default_factory=dict, init=False)
     _boundary: Resume = field(init=False)
@@ -127,14 +139,14 @@ class Assembler:
 
     def gtid(self, gtid: str, domain: int | None, standalone: bool, file: str, start: int) -> list[Outgoing]:
         out = self._close_dangling(file, start)
-        self._txn = _Txn(id=gtid, start=Resume(file, start, self._state_str()), gtid=gtid, domain=domain,
+        self._txn = _Txn(id=gtid, start=self._at(file, start, self._state_str()), gtid=gtid, domain=domain,
                          ddl_ends=standalone or not self.mariadb)
         return out
 
     def anonymous_start(self, file: str, start: int) -> list[Outgoing]:
         """MySQL ANONYMOUS_GTID: a transaction starts here, without a GTID."""
         out = self._close_dangling(file, start)
-        self._txn = _Txn(id=f"{file}:{start}", start=Resume(file, start, None), gtid=None, domain=None,
+        self._txn = _Txn(id=f"{file}:{start}", start=self._at(file, start, None), gtid=None, domain=None,
                          ddl_ends=True)
         return out
 
@@ -152,7 +164,7 @@ class Assembler:
                 return []  # ROLLBACK [WORK] TO SAVEPOINT stays inside the transaction
             if word == "BEGIN":
                 if self._txn is None:
-                    self._txn = _Txn(id=f"{file}:{start}", start=Resume(file, start, self._state_str()),
+                    self._txn = _Txn(id=f"{file}:{start}", start=self._at(file, start, self._state_str()),
                                      gtid=None, domain=None, ddl_ends=False)
                 else:
                     self._txn.ddl_ends = False
@@ -167,9 +179,9 @@ class Assembler:
             )
         standalone = self._txn is None
         if standalone:
-            self._txn = _Txn(id=f"{file}:{start}", start=Resume(file, start, self._state_str()), gtid=None,
+            self._txn = _Txn(id=f"{file}:{start}", start=self._at(file, start, self._state_str()), gtid=None,
                              domain=None, ddl_ends=True)
-        scn = envelope.scn(file, start)
+        scn = self.scn(file, start)
         named = list(dict.fromkeys(stmt.tables))
         # DDL of binlake's own tables (the watermarks) is not published; DDL naming no table is.
         targets = [t for t in named if t not in self.ignore] if named else [(db, "")]
@@ -186,7 +198,7 @@ class Assembler:
              ts: int) -> list[Outgoing]:
         if self._txn is None:
             raise DecodeError(f"rows event for {table.db}.{table.table} at {file}:{start} outside a transaction")
-        env = self._env(op, table.db, table.table, file, start, envelope.scn(file, start), ts, 0)
+        env = self._env(op, table.db, table.table, file, start, self.scn(file, start), ts, 0)
         env["pk"] = list(table.pk)
         env["rows"] = rows
         self._push(env, table.packed, table.id)
@@ -204,7 +216,7 @@ class Assembler:
         self._txn = None
         if txn.domain is not None and txn.gtid:
             self._gtids[txn.domain] = txn.gtid
-        self._boundary = Resume(file, end, self._state_str())
+        self._boundary = self._at(file, end, self._state_str())
         out, self._ready = self._ready, []
         if txn.pending is not None:
             env, packed, schema_id = txn.pending
@@ -217,14 +229,14 @@ class Assembler:
     def between(self, file: str, end: int) -> None:
         """An event outside any transaction (rotate, GTID list, checkpoint) moved the position."""
         if self._txn is None:
-            self._boundary = Resume(file, end, self._state_str())
+            self._boundary = self._at(file, end, self._state_str())
 
     def heartbeat(self, ts: int) -> list[Outgoing]:
         """A heartbeat at the current boundary, only between transactions."""
         if self._txn is not None:
             return []
         b = self._boundary
-        scn = envelope.scn(b.file, b.offset)
+        scn = self.scn(b.file, b.offset)
         env = {"v": envelope.VERSION, "source": self.source, "db": None, "table": None, "op": "hb",
                "ts": ts, "pos": {"file": b.file, "offset": b.offset, "gtid": b.gtid}, "scn": scn,
                "chunk": 0, "txn": {"id": None, "i": 0, "last": True}, "resume": b.to_dict()}
@@ -233,7 +245,14 @@ class Assembler:
         subject = self.names.raw_internal(self.source, HEARTBEAT_TABLE)
         return [Outgoing(subject, data, mid, envelope.headers(env, mid), "hb", ts, 0, b, True)]
 
+    def scn(self, file: str, offset: int) -> int:
+        """The order key of a position of this server."""
+        return envelope.scn(file, offset, self.epoch)
+
     # -- internals ----------------------------------------------------------------------
+
+    def _at(self, file: str, offset: int, gtid: str | None) -> Resume:
+        return Resume(file, offset, gtid, self.server, self.epoch)
 
     def _state_str(self) -> str | None:
         return gtid_state_str(self._gtids) if self.mariadb else None

@@ -1,0 +1,54 @@
+"""Pure: may the parser go on where it stopped, on the server it now reaches?
+
+Every resume point records the source's `server_id` and the epoch of the order keys
+(`envelope.scn`). A parser that finds another server than the one its last published
+position came from (a promoted replica behind a DNS name that moved, or a source URL changed by
+hand) continues by GTID, with the epoch one higher, so order keys keep increasing per table and
+message ids never meet the old server's. That needs MariaDB GTIDs (the new server finds the
+transaction to continue after by its GTID, whatever its binlog file names are) and a server
+that has every transaction binlake already published.
+"""
+
+from __future__ import annotations
+
+from services.parser.transactions import Resume, parse_gtid_state
+from shared import envelope
+from shared.errors import FatalError
+
+
+class SourceSwitched(FatalError):
+    """The source is another server, and binlake cannot continue on it without loss."""
+
+
+def resume_on(last: Resume, server_id: int, mariadb: bool, server_gtid: str | None) -> Resume:
+    """Where to continue on server `server_id` after `last` (the newest published position).
+
+    The same server (or a position from before binlake recorded servers): `last` itself. Another
+    one: `last`'s GTID state, the new server, the next epoch; SourceSwitched when that cannot be
+    done without loss.
+    """
+    if last.server is None or last.server == server_id:
+        return Resume(last.file, last.offset, last.gtid, server_id, last.epoch)
+    where = f"the source is now server_id {server_id}, binlake's position {last.file}:{last.offset} is of " \
+            f"server_id {last.server}"
+    if not mariadb or not last.gtid:
+        raise SourceSwitched(
+            f"{where}, and that position has no GTID to find the same place on the new server by (binlake "
+            "continues on another server only by MariaDB GTID): point BINLAKE_SOURCE_URL back at server_id "
+            f"{last.server}, or start afresh on this server (purge BINLAKE_RAW, delete key parser.<source> of "
+            "binlake_cursors) and load the tables again with binlake snapshot")
+    if last.epoch >= envelope.MAX_EPOCH:
+        raise SourceSwitched(f"{where}; binlake has moved {last.epoch} times, the most its order keys can count")
+    have = parse_gtid_state(server_gtid)
+    behind = [gtid for domain, gtid in parse_gtid_state(last.gtid).items()
+              if _seq(have.get(domain)) < _seq(gtid)]
+    if behind:
+        raise SourceSwitched(
+            f"{where}, and server_id {server_id} lacks transactions binlake already published "
+            f"(binlake is at {', '.join(behind)}, the server at {server_gtid or 'nothing'}): it is behind, or not "
+            "of the same replication topology; point binlake at a server that has them (let a replica catch up)")
+    return Resume(last.file, last.offset, last.gtid, server_id, last.epoch + 1)
+
+
+def _seq(gtid: str | None) -> int:
+    return int(gtid.rsplit("-", 1)[-1]) if gtid else -1

@@ -1,0 +1,112 @@
+"""Failover (DESIGN §5, §8.2): the primary dies, the parser continues on its GTID replica.
+
+A MariaDB primary (server_id 1) and a replica (server_id 2, `log_slave_updates`, replicating by
+GTID). The workload runs on the primary with the parser and a sink reading it; the primary is
+killed, the replica promoted, the parser pointed at it (as a DNS name that moves would), and the
+workload goes on there. BINLAKE_CDC replayed must equal the replica's tables, with no message id
+twice and order keys strictly increasing per table across the switch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter, defaultdict
+from collections.abc import Callable
+
+import pytest
+
+from tests.integration.conftest import ParserFactory
+from tests.integration.support import ServiceProcess, StoredMsg, read_stream_sync, replay, wait_until
+from tests.servers import MariaDB
+
+TABLES = ("a", "b", "c")
+
+
+def workload(server: MariaDB, db: str, rng: random.Random, transactions: int, ids: list[int]) -> None:
+    """Transactions of 1-5 inserts, updates and deletes over the three tables."""
+    conn = server.connect()
+    try:
+        with conn.cursor() as cur:
+            for _ in range(transactions):
+                cur.execute("BEGIN")
+                for _ in range(rng.randint(1, 5)):
+                    table = rng.choice(TABLES)
+                    op = rng.random()
+                    if op < 0.6 or not ids:
+                        ids.append(max(ids, default=0) + 1)
+                        cur.execute(f"INSERT INTO `{db}`.{table} VALUES ({ids[-1]}, {rng.randint(0, 999)})")
+                    elif op < 0.85:
+                        cur.execute(f"UPDATE `{db}`.{table} SET v = v + 1 WHERE id = {rng.choice(ids)}")
+                    else:
+                        cur.execute(f"DELETE FROM `{db}`.{table} WHERE id = {rng.choice(ids)}")
+                cur.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def source_rows(server: MariaDB, db: str, table: str) -> dict[int, dict[str, int]]:
+    return {int(i): {"id": int(i), "v": int(v)} for i, v in server.query(f"SELECT id, v FROM `{db}`.{table}")}
+
+
+@pytest.mark.timeout(600)
+def test_the_parser_moves_to_a_gtid_replica_without_loss_duplicates_or_reordering(
+        mariadb_factory: Callable[..., MariaDB], parser_factory: ParserFactory,
+        sink_factory: Callable[..., ServiceProcess], nats_url: str) -> None:
+    primary = mariadb_factory()
+    replica = mariadb_factory(extra_args=["--server-id=2"])
+    replica.execute(f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port}, MASTER_USER='root', "
+                    "MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos", "START SLAVE")
+    db = "shop"
+    primary.execute(f"CREATE DATABASE {db}", *(f"CREATE TABLE {db}.{t} (id INT PRIMARY KEY, v INT)" for t in TABLES))
+    first = parser_factory(BINLAKE_SOURCE_URL=primary.dsn(), BINLAKE_START="earliest")
+    sink_factory("sink")
+    rng, ids = random.Random(17), list[int]()
+    workload(primary, db, rng, 150, ids)
+
+    # The replica has everything; the primary dies (with the parser somewhere behind it or not).
+    pos = primary.query("SELECT @@gtid_binlog_pos")[0][0]
+    assert replica.query(f"SELECT MASTER_GTID_WAIT('{pos}', 60)")[0][0] == 0
+    primary.kill()
+    first.stop()
+    replica.execute("STOP SLAVE", "RESET SLAVE ALL")  # promoted
+
+    second = parser_factory(wait_ready=False, log_name="parser-2.log", BINLAKE_SOURCE_URL=replica.dsn(),
+                            BINLAKE_START="earliest")
+    workload(replica, db, rng, 150, ids)
+    want = {t: source_rows(replica, db, t) for t in TABLES}
+
+    def caught_up() -> list[StoredMsg] | None:
+        assert second.running, second.output[-3000:]
+        msgs = read_stream_sync(nats_url, "BINLAKE_CDC")
+        return msgs if all(replay(msgs, db, t) == want[t] for t in TABLES) else None
+
+    msgs = wait_until(caught_up, 120, "BINLAKE_CDC to equal the promoted replica")
+    assert '"pipeline.server_switched"' in second.output
+    ids_seen = Counter(m.headers["Nats-Msg-Id"] for m in msgs)
+    assert [i for i, n in ids_seen.items() if n > 1] == []
+    order: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for m in msgs:
+        if m.env.get("db") == db:
+            order[m.env["table"]].append((m.env["scn"], m.env.get("chunk", 0)))
+    for table, keys in order.items():
+        assert all(a < b for a, b in itertools.pairwise(keys)), f"{table}: order keys not increasing"
+    epochs = {m.env["scn"] >> 56 for m in msgs if m.env.get("db") == db}
+    assert epochs == {0, 1}, epochs  # changes from both servers, the replica's after the primary's
+
+
+@pytest.mark.timeout(300)
+def test_a_server_that_lacks_the_published_transactions_is_refused_with_the_fix(
+        mariadb_factory: Callable[..., MariaDB], parser_factory: ParserFactory, nats_url: str) -> None:
+    primary = mariadb_factory()
+    stranger = mariadb_factory(extra_args=["--server-id=3"])  # not replicating from the primary
+    primary.execute("CREATE DATABASE shop", "CREATE TABLE shop.a (id INT PRIMARY KEY, v INT)",
+                    *(f"INSERT INTO shop.a VALUES ({i}, 0)" for i in range(20)))
+    first = parser_factory(BINLAKE_SOURCE_URL=primary.dsn(), BINLAKE_START="earliest")
+    wait_until(lambda: sum(m.env["op"] == "i" for m in read_stream_sync(nats_url)) == 20, 60, "the inserts")
+    first.stop()
+    before = len(read_stream_sync(nats_url))
+    second = parser_factory(wait_ready=False, log_name="parser-2.log", BINLAKE_SOURCE_URL=stranger.dsn())
+    assert second.wait(60) == 1, second.output[-3000:]
+    assert "SourceSwitched" in second.output and "lacks transactions binlake already published" in second.output
+    assert len(read_stream_sync(nats_url)) == before  # nothing published from the wrong server

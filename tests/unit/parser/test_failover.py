@@ -1,0 +1,47 @@
+"""services.parser.failover: where a parser continues when the source is another server."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.parser.failover import SourceSwitched, resume_on
+from services.parser.transactions import Resume
+from shared import envelope
+
+LAST = Resume("mysql-bin.000007", 1234, "0-1-120", server=1, epoch=0)
+
+
+def test_the_same_server_goes_on_where_it_stopped():
+    assert resume_on(LAST, 1, True, "0-1-130") == LAST
+
+
+def test_a_position_from_before_servers_were_recorded_is_taken_as_this_servers():
+    old = Resume("mysql-bin.000007", 1234, "0-1-120")
+    assert resume_on(old, 5, True, "0-1-130") == Resume("mysql-bin.000007", 1234, "0-1-120", 5, 0)
+
+
+def test_another_server_with_every_published_transaction_continues_by_gtid_in_the_next_epoch():
+    moved = resume_on(LAST, 2, True, "0-1-120,1-2-7")
+    assert moved == Resume("mysql-bin.000007", 1234, "0-1-120", 2, 1)
+    # Its order keys come after every key of the first server, whatever its binlog numbers.
+    assert envelope.scn("mysql-bin.000001", 4, moved.epoch) > envelope.scn("mysql-bin.999999", 2**32 - 1, 0)
+
+
+@pytest.mark.parametrize(("server_gtid", "mariadb", "last", "match"), [
+    ("0-1-119", True, LAST, "lacks transactions binlake already published"),
+    ("", True, LAST, "lacks transactions"),
+    ("0-1-200", False, LAST, "no GTID"),
+    ("0-1-200", True, Resume("mysql-bin.000007", 1234, None, server=1), "no GTID"),
+    ("0-1-200", True, Resume("mysql-bin.000007", 1234, "0-1-120", 1, envelope.MAX_EPOCH), "the most"),
+])
+def test_a_switch_that_would_lose_changes_is_refused(server_gtid, mariadb, last, match):
+    with pytest.raises(SourceSwitched, match=match):
+        resume_on(last, 2, mariadb, server_gtid)
+
+
+def test_the_order_key_refuses_what_it_cannot_hold():
+    with pytest.raises(envelope.EnvelopeError):
+        envelope.scn("mysql-bin.000001", 4, envelope.MAX_EPOCH + 1)
+    with pytest.raises(envelope.EnvelopeError):
+        envelope.scn("mysql-bin.16777216", 4)
+    assert envelope.scn("mysql-bin.000042", 7) == 42 << 32 | 7  # epoch 0: the keys of before
