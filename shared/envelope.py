@@ -144,6 +144,22 @@ def msg_id(source: str, scn_value: int, chunk: int = 0) -> str:
     return f"{source}:{scn_value}" if chunk == 0 else f"{source}:{scn_value}:{chunk}"
 
 
+TXN_HEADER: Final = "Binlake-Txn"  # "<i> <1 if last else 0> <txn id>": how a reader finds whole transactions
+
+
+def txn_tag(headers: Mapping[str, str]) -> tuple[str, int, bool] | None:
+    """(transaction id, index of the message in it, whether it is the last) from a message's
+    `Binlake-Txn` header; None without one (heartbeats, messages of an older binlake)."""
+    value = headers.get(TXN_HEADER)
+    if not value:
+        return None
+    try:
+        i, last, txn_id = value.split(" ", 2)
+        return txn_id, int(i), last == "1"
+    except ValueError:
+        return None
+
+
 def headers(env: Mapping[str, Any], mid: str) -> dict[str, str]:
     """Headers readable in `nats stream view` without decoding the body."""
     pos = env["pos"]
@@ -160,6 +176,9 @@ def headers(env: Mapping[str, Any], mid: str) -> dict[str, str]:
     schema_id = schema_id_of(env)
     if schema_id:
         out["Binlake-Schema"] = schema_id
+    txn = env.get("txn")
+    if isinstance(txn, Mapping) and txn.get("id") is not None:
+        out[TXN_HEADER] = f"{txn['i']} {1 if txn['last'] else 0} {txn['id']}"
     return out
 
 

@@ -38,6 +38,7 @@ class Batch:
     raw: list[bytes]
     rows: int
     seqs: list[int]  # the BINLAKE_CDC sequence of each event
+    partial: bool = False  # it ends inside a source transaction (one too large for a batch, or stuck)
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -99,7 +100,8 @@ class StoreClient:
         for i, data in enumerate(raw):
             if objects.maybe_reference(data):
                 raw[i] = await objects.resolve(self._js, data, self._names.cdc_objects_bucket)
-        return Batch(reply.get("batch_id"), raw, int(reply.get("rows", 0)), [int(s) for s in reply.get("seqs") or []])
+        return Batch(reply.get("batch_id"), raw, int(reply.get("rows", 0)), [int(s) for s in reply.get("seqs") or []],
+                     bool(reply.get("partial")))
 
     async def ack(self, batch_id: int) -> int:
         return int((await self._call("ack", {"batch_id": batch_id}))["acked"])

@@ -179,6 +179,10 @@ class Names:
     def cdc(self, source: str, db: str, table: str) -> str:
         return f"{self.prefix}.cdc.{escape_token(source)}.{escape_token(db)}.{escape_token(table)}"
 
+    def cdc_internal(self, source: str, kind: str) -> str:
+        """A CDC subject of binlake's own (never delivered to clients), e.g. a partition's filter markers."""
+        return f"{self.prefix}.cdc.{escape_token(source)}.{INTERNAL_TOKEN}.{kind}"
+
     def dlq(self, source: str) -> str:
         return f"{self.prefix}.dlq.{escape_token(source)}"
 

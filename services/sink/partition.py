@@ -141,6 +141,8 @@ class PartitionWorker:
                 break
             if out is not None:
                 outs.append(out)
+            elif (marker := self._filtered_marker(m, seq)) is not None:
+                outs.append(marker)
             last_ok = seq
         self._in.inc(len(msgs) if poison is None else msgs.index(poison[0]) + 1, partition=self._p)
         await self._publish(outs, fence)
@@ -148,6 +150,21 @@ class PartitionWorker:
         if poison is not None:
             await self._commit()
             await self._dead_letter(*poison)
+
+    def _filtered_marker(self, m: Msg, seq: int) -> Out | None:
+        """What stands in BINLAKE_CDC for a message the rules filtered out: a heartbeat-shaped marker
+        with its `Binlake-Txn` header on this partition's own internal subject, so that the store
+        still sees every message of a transaction and can hand out whole transactions."""
+        headers = m.headers or {}
+        if envelope.TXN_HEADER not in headers:
+            return None
+        env = {"v": envelope.VERSION, "source": self._s.source, "db": None, "table": None, "op": "hb",
+               "ts": _int(headers.get("Binlake-Ts")), "pos": {"file": "", "offset": 0, "gtid": None},
+               "scn": _int(headers.get("Binlake-Scn")), "chunk": 0,
+               "txn": {"id": None, "i": 0, "last": True}}
+        subject = self._names.cdc_internal(self._s.source, f"filtered-p{self._p}")
+        return Out(subject, envelope.encode(env), {envelope.TXN_HEADER: headers[envelope.TXN_HEADER],
+                                                  "Nats-Msg-Id": f"{self._s.source}:filtered:{seq}"}, seq)
 
     async def _to_object(self, out: Out) -> Out:
         """A message too large for BINLAKE_CDC (a row, or what masks made of it): its envelope into
@@ -321,3 +338,10 @@ class PartitionWorker:
 def _stored(value: bytes | None, key: str, bucket: str) -> tuple[int, int]:
     stored = kv_values.load_json(value, key, bucket)
     return int(stored.get("seq", 0)), int(stored.get("seen", 0))
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0

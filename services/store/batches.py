@@ -6,7 +6,7 @@ acked" is `id <= acked`, and only the oldest unacked batch may be acked.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from shared.clients import MAX_FILTER, ClientState
 from shared.patterns import Pattern, PatternError, compile_pattern
@@ -71,3 +71,36 @@ def wanted(subject_tokens: tuple[str, str], headers: dict[str, str], state: Clie
     if state.min_scn and int(headers.get("Binlake-Scn", 0)) < state.min_scn:
         return False
     return pattern.fullmatch(f"{db}.{table}") is not None
+
+
+@dataclass
+class OpenTxns:
+    """Source transactions with some of their messages seen and not all (`Binlake-Txn` headers).
+
+    A transaction's messages reach BINLAKE_CDC through several sink partitions, interleaved with
+    other transactions; it is whole once it has as many messages as its last one's index says
+    (the sink stands a marker for every message its rules drop). A batch may end only where
+    nothing is open, so the lake never shows half a transaction.
+    """
+
+    seen: dict[str, int] = field(default_factory=dict)
+    expected: dict[str, int] = field(default_factory=dict)
+
+    def add(self, tag: tuple[str, int, bool] | None) -> None:
+        if tag is None:
+            return  # a heartbeat, or a message from before the header: a transaction of its own
+        txn_id, i, last = tag
+        n = self.seen.get(txn_id, 0) + 1
+        if last:
+            self.expected[txn_id] = i + 1
+        if n >= self.expected.get(txn_id, n + 1):
+            self.seen.pop(txn_id, None)
+            self.expected.pop(txn_id, None)
+        else:
+            self.seen[txn_id] = n
+
+    def __bool__(self) -> bool:
+        return bool(self.seen)
+
+    def copy(self) -> OpenTxns:
+        return OpenTxns(dict(self.seen), dict(self.expected))

@@ -21,7 +21,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from services.store import batches
-from shared import cas, keys, objects
+from shared import cas, envelope, keys, objects
 from shared.clients import ClientState
 from shared.errors import NatsUnavailable
 from shared.meta_client import Conflict, MetaClient
@@ -32,6 +32,10 @@ from shared.subjects import Names, unescape_token
 
 FETCH = 500
 IDLE_S = 300.0  # a client's read-ahead (its consumer and buffer) is dropped after this long unused
+STUCK_S = 30.0  # a transaction that stays incomplete this long is handed out in parts (a halted partition)
+# To end where no transaction is open, a batch may grow past its row limit, and up to this many
+# times its bytes: sink partitions publish in bulk, so a backlog interleaves many transactions.
+EXTEND = 4
 
 
 @dataclass
@@ -41,6 +45,8 @@ class _Position:
     reader: OrderedReader
     buffer: deque[Msg] = field(default_factory=deque)
     used: float = field(default_factory=time.monotonic)
+    open: batches.OpenTxns = field(default_factory=batches.OpenTxns)  # left open by a batch handed out in parts
+    stuck: float | None = None  # since when gets found only incomplete transactions
 
     @property
     def next_seq(self) -> int:
@@ -189,7 +195,7 @@ class StoreServer:
 
         async def attempt() -> dict[str, Any]:
             state, revision = await self._load(client)
-            events, seqs, rows, end = await self._read(state, max_rows, max_wait, max_bytes)
+            events, seqs, rows, end, partial = await self._read(state, max_rows, max_wait, max_bytes)
             if end == state.delivered:
                 return {"batch_id": None, "events": [], "seqs": [], "rows": 0}
             if not events and not state.batches:
@@ -201,7 +207,10 @@ class StoreServer:
             if batch_id is not None:
                 self._batches.inc()
                 self._rows.inc(rows)
-            return {"batch_id": batch_id, "events": events, "seqs": seqs, "rows": rows}
+            reply: dict[str, Any] = {"batch_id": batch_id, "events": events, "seqs": seqs, "rows": rows}
+            if partial:
+                reply["partial"] = True  # it ends inside a source transaction
+            return reply
 
         async def forget_position() -> None:  # what it read ahead belongs to the state that lost
             stale = self._positions.pop(client, None)
@@ -213,13 +222,17 @@ class StoreServer:
                                                on_conflict=forget_position)
 
     async def _read(self, state: ClientState, max_rows: int, max_wait: float,
-                    max_bytes: int) -> tuple[list[bytes], list[int], int, int]:
-        """Events after `state.delivered` for this client: (envelopes, their CDC sequences, rows, last examined).
+                    max_bytes: int) -> tuple[list[bytes], list[int], int, int, bool]:
+        """Events after `state.delivered` for this client: (envelopes, their CDC sequences, rows, last
+        examined, whether the batch ends inside a source transaction).
 
-        A batch ends at `max_rows` rows or once its events hold `max_bytes` (at least one event).
-
-        A batch ends after an object reference (a message too large for NATS, `shared.objects`):
-        the client fetches the object, and one such object per batch bounds what it holds."""
+        A batch ends at `max_rows` rows, once its events hold `max_bytes` (at least one event), or
+        after an object reference (a message too large for NATS, `shared.objects`: the client
+        fetches the object, and one per batch bounds what it holds); then at the last place where
+        no source transaction is open (`batches.OpenTxns`). To get there it may grow past
+        `max_rows` and up to EXTEND times `max_bytes`; transactions larger than that, or one still
+        incomplete after STUCK_S (a halted partition), are handed out in parts, marked `partial`.
+        """
         await self._sweep()
         pos = self._positions.get(state.client)
         if pos is None or pos.next_seq != state.delivered + 1:
@@ -230,12 +243,18 @@ class StoreServer:
             pos = self._positions[state.client] = _Position(reader)
         pos.used = time.monotonic()
         pattern = batches.compile_filter(state.filter)
-        events: list[bytes] = []
-        seqs: list[int] = []
+        examined: list[tuple[Msg, bool]] = []  # every message read, and whether it goes to this client
+        open_txns = pos.open.copy()
+        whole = 0  # how many of `examined` end where no transaction is open
         rows = size = 0
+        full = False  # a limit is reached (or an object came): only open transactions may go on
         end = state.delivered
         deadline = time.monotonic() + max_wait
-        while rows < max_rows and size < max_bytes:
+        while True:
+            if rows >= max_rows or size >= max_bytes:
+                full = True
+            if full and (not open_txns or size >= EXTEND * max_bytes):
+                break
             if not pos.buffer:
                 # Wait up to max_wait for the batch to fill (Canal's get(batchSize, timeout)).
                 remaining = deadline - time.monotonic()
@@ -243,7 +262,11 @@ class StoreServer:
                     break
                 pos.buffer.extend(await pos.reader.fetch(wait_s=max(0.01, remaining)))
                 continue
-            m = pos.buffer.popleft()
+            m = pos.buffer[0]
+            headers = m.headers or {}
+            if full and objects.HEADER in headers:
+                break  # not a second object to close a transaction
+            pos.buffer.popleft()
             seq = m.metadata.sequence.stream
             # One source per prefix: the source's subjects are the whole stream, so its sequences
             # are contiguous. A jump is retention (or a removal) ahead of this client. A client
@@ -255,16 +278,39 @@ class StoreServer:
                 raise batches.RetentionGap(state.client, end + 1, seq, self._names.cdc_stream)
             end = seq
             parts = m.subject.split(".")
-            headers = m.headers or {}
-            if batches.wanted((unescape_token(parts[-2]), unescape_token(parts[-1])) if parts[-2] != "$binlake"
-                              else ("$binlake", parts[-1]), headers, state, pattern):
-                events.append(m.data)
+            wanted = batches.wanted((unescape_token(parts[-2]), unescape_token(parts[-1]))
+                                    if parts[-2] != "$binlake" else ("$binlake", parts[-1]), headers, state, pattern)
+            examined.append((m, wanted))
+            open_txns.add(envelope.txn_tag(headers))
+            if wanted:
                 size += len(m.data)
-                seqs.append(end)
                 rows += int(headers.get("Binlake-Rows", 0))
-                if objects.HEADER in headers:
-                    break
-        return events, seqs, rows, end
+                full = full or objects.HEADER in headers
+            if not open_txns:
+                whole = len(examined)
+        partial = False
+        take = len(examined)
+        if open_txns and examined:
+            now = time.monotonic()
+            if whole > 0:
+                take = whole  # the rest waits for its transactions' other messages
+            elif full or (pos.stuck is not None and now - pos.stuck >= STUCK_S):
+                partial = True  # larger than a batch may grow, or waiting for a halted partition
+                self.log.warning("store.partial_batch", client=state.client, open_transactions=len(open_txns.seen),
+                                 reason="too large for one batch" if full else f"incomplete for {STUCK_S:g}s")
+            else:
+                take = 0
+                pos.stuck = pos.stuck if pos.stuck is not None else now
+        if take < len(examined):
+            pos.buffer.extendleft(m for m, _ in reversed(examined[take:]))
+            end = examined[take - 1][0].metadata.sequence.stream if take else state.delivered
+        if take:
+            pos.stuck = None
+            pos.open = open_txns if partial else batches.OpenTxns()
+        events = [m.data for m, wanted in examined[:take] if wanted]
+        seqs = [m.metadata.sequence.stream for m, wanted in examined[:take] if wanted]
+        rows = sum(int((m.headers or {}).get("Binlake-Rows", 0)) for m, wanted in examined[:take] if wanted)
+        return events, seqs, rows, end, partial
 
     async def ack(self, req: dict[str, Any]) -> dict[str, Any]:
         client = require_client(req)

@@ -12,6 +12,7 @@ import asyncio
 import re
 import threading
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -805,3 +806,42 @@ async def test_a_pathological_filter_cannot_stall_the_store_for_other_clients(st
     await good.subscribe(filter=stack.table_filter(long))
     assert events_of(await drain(evil, idle=1)) == []  # every table name is tried, none matches
     assert ids_of(events_of(await drain(good))) == list(range(20))
+
+
+async def test_batches_hold_whole_source_transactions(services: Stack, parser_factory: ParserFactory,
+                                                      sink_factory: Callable[..., ServiceProcess]) -> None:
+    """Transactions over four tables, spread over two sink workers (so their messages reach
+    BINLAKE_CDC interleaved), one table dropped by the sink's rules: no batch ends inside one."""
+    db = services.db
+    await asyncio.to_thread(parser_factory)
+    for name in ("s1", "s2"):
+        sink_factory(name, BINLAKE_EXCLUDE=rf"{re.escape(db)}\.hidden")
+    tables = ("t", "u", "v", "hidden")
+    await services.sql(*(create(db, t) for t in tables))
+
+    def write() -> None:
+        conn = services.mariadb.connect()
+        try:
+            with conn.cursor() as cur:
+                for n in range(1, 81):
+                    cur.execute("BEGIN")
+                    for t in tables:
+                        cur.execute(f"INSERT INTO `{db}`.{t} VALUES ({n}, 0, 'x')")
+                    cur.execute("COMMIT")
+        finally:
+            conn.close()
+
+    await asyncio.to_thread(write)
+    await services.wait_cdc(80, "v")
+    c = services.client("whole")
+    await c.subscribe(filter=rf"{re.escape(db)}\..*")
+    got = await drain(c, max_rows=2)  # a transaction has 3 rows for this client: more than a batch's limit
+    by_txn: dict[str, set[int | None]] = defaultdict(set)
+    for b in got:
+        assert not b.partial
+        for e in b.events:
+            if e["op"] == "i":
+                by_txn[e["txn"]["id"]].add(b.id)
+    assert len(by_txn) == 80 and all(len(ids) == 1 for ids in by_txn.values()), "a transaction split across batches"
+    assert sorted(ids_of(events_of(got))) == sorted([n for n in range(1, 81) for _ in range(3)])
+    assert all(e["table"] != "hidden" for e in events_of(got))

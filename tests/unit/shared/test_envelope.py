@@ -115,7 +115,10 @@ def test_headers():
         "Binlake-Rows": "1",
         "Binlake-Scn": str(fields()["scn"]),
         "Binlake-Ts": str(fields()["ts"]),
+        "Binlake-Txn": "0 1 0-1-5",
     }
+    assert envelope.txn_tag(envelope.headers(fields(), "src:1")) == ("0-1-5", 0, True)
+    assert envelope.txn_tag({}) is None and envelope.txn_tag({"Binlake-Txn": "junk"}) is None
 
 
 def test_headers_without_table_gtid_or_rows():

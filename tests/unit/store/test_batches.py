@@ -265,3 +265,22 @@ def test_client_key_is_kv_safe():
 def test_client_key_is_injective():
     names = ["a.b", "a_b", "a b", "a*b"]
     assert len({keys.client_cursor("main", n) for n in names}) == len(names)
+
+
+def test_a_transaction_is_open_until_it_has_as_many_messages_as_its_last_says():
+    from services.store.batches import OpenTxns
+
+    o = OpenTxns()
+    o.add(("t1", 2, True))  # its last message first (another partition was faster)
+    assert o
+    o.add(None)  # a heartbeat: its own transaction
+    o.add(("t2", 0, True))  # a whole one-message transaction in between
+    assert set(o.seen) == {"t1"}
+    o.add(("t1", 0, False))
+    o.add(("t1", 1, False))  # e.g. the sink's marker for a message its rules dropped
+    assert not o and o.seen == {} and o.expected == {}
+    carried = OpenTxns()
+    carried.add(("t3", 0, False))
+    later = carried.copy()
+    later.add(("t3", 1, True))
+    assert carried and not later
