@@ -160,6 +160,19 @@ def txn_tag(headers: Mapping[str, str]) -> tuple[str, int, bool] | None:
         return None
 
 
+def txn_header(env: Mapping[str, Any]) -> str | None:
+    """The `Binlake-Txn` value of an envelope (None for a message outside transactions, a
+    heartbeat); EnvelopeError when its `txn` is not what a parser writes."""
+    txn = env.get("txn")
+    if not isinstance(txn, Mapping) or txn.get("id") is None:
+        return None
+    txn_id, i, last = txn.get("id"), txn.get("i"), txn.get("last")
+    if not isinstance(txn_id, str) or not 0 < len(txn_id) <= 256 or not txn_id.isprintable() or " " in txn_id \
+            or isinstance(i, bool) or not isinstance(i, int) or i < 0 or not isinstance(last, bool):
+        raise EnvelopeError(f"txn {str(txn)[:200]!r} is not an id, an index and a last flag")
+    return f"{i} {1 if last else 0} {txn_id}"
+
+
 def headers(env: Mapping[str, Any], mid: str) -> dict[str, str]:
     """Headers readable in `nats stream view` without decoding the body."""
     pos = env["pos"]
@@ -176,9 +189,9 @@ def headers(env: Mapping[str, Any], mid: str) -> dict[str, str]:
     schema_id = schema_id_of(env)
     if schema_id:
         out["Binlake-Schema"] = schema_id
-    txn = env.get("txn")
-    if isinstance(txn, Mapping) and txn.get("id") is not None:
-        out[TXN_HEADER] = f"{txn['i']} {1 if txn['last'] else 0} {txn['id']}"
+    txn = txn_header(env)
+    if txn is not None:
+        out[TXN_HEADER] = txn
     return out
 
 

@@ -40,8 +40,13 @@ class Rewinder:
         file, _, offset = position.rpartition(":")
         if not file or not offset.isdigit():
             raise BadRequest(f"position must look like mysql-bin.000042:1234, got {position!r}")
+        # A position of the server the parser reads now: its epoch is the parser's (a failover
+        # raised it; `services.parser.failover`).
+        cursor = await self._backend.get(keys.parser_cursor(source))
+        epoch = cursor.value.get("epoch") if cursor is not None else 0
         try:
-            target = envelope.scn(file, int(offset))
+            target = envelope.scn(file, int(offset), epoch if isinstance(epoch, int) and not isinstance(epoch, bool)
+                                  else 0)
         except envelope.EnvelopeError as exc:
             raise BadRequest(str(exc)) from None
         seq = await self._first(source, lambda h: int(h.get("Binlake-Scn", 0)) >= target)

@@ -20,8 +20,10 @@ class SourceSwitched(FatalError):
     """The source is another server, and binlake cannot continue on it without loss."""
 
 
-def resume_on(last: Resume, server_id: int, mariadb: bool, server_gtid: str | None) -> Resume:
-    """Where to continue on server `server_id` after `last` (the newest published position).
+def resume_on(last: Resume, server_id: int, mariadb: bool, server_gtid: str | None,
+              unfinished: str | None = None) -> Resume:
+    """Where to continue on server `server_id` after `last` (the newest published position;
+    `unfinished`: the transaction the stream ends inside of, if it does).
 
     The same server (or a position from before binlake recorded servers): `last` itself. Another
     one: `last`'s GTID state, the new server, the next epoch; SourceSwitched when that cannot be
@@ -35,8 +37,14 @@ def resume_on(last: Resume, server_id: int, mariadb: bool, server_gtid: str | No
         raise SourceSwitched(
             f"{where}, and that position has no GTID to find the same place on the new server by (binlake "
             "continues on another server only by MariaDB GTID): point BINLAKE_SOURCE_URL back at server_id "
-            f"{last.server}, or start afresh on this server (purge BINLAKE_RAW, delete key parser.<source> of "
-            "binlake_cursors) and load the tables again with binlake snapshot")
+            f"{last.server}")
+    if unfinished is not None:
+        # Its rows events are the new server's own, split its own way: the batches already
+        # published cannot be matched to them, so finish it where it was started.
+        raise SourceSwitched(
+            f"{where}, and the stream ends inside transaction {unfinished}, published in part from server_id "
+            f"{last.server}: point BINLAKE_SOURCE_URL back at that server until the parser has published it whole, "
+            "then switch")
     if last.epoch >= envelope.MAX_EPOCH:
         raise SourceSwitched(f"{where}; binlake has moved {last.epoch} times, the most its order keys can count")
     have = parse_gtid_state(server_gtid)

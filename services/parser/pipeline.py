@@ -73,7 +73,8 @@ class Pipeline:
         saved = None if tail else await saved_position(self.cursors, cfg.source)
         last = tail.resume if tail else saved
         if last is not None:
-            start = resume_on(last, info.server_id, info.mariadb, info.current.gtid)
+            start = resume_on(last, info.server_id, info.mariadb, info.current.gtid,
+                              tail.skip.txn_id if tail and tail.skip else None)
             if start.epoch != last.epoch:
                 self.log.warning("pipeline.server_switched", server_id=info.server_id, previous=last.server,
                                  gtid=start.gtid, epoch=start.epoch)

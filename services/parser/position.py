@@ -106,9 +106,11 @@ async def saved_position(kv: KeyValue, source: str) -> Resume | None:
         raise NatsUnavailable(f"parser cursor: {exc!r}") from exc
     saved = kv_values.load_json(entry.value, keys.parser_cursor(source))  # a relayed server reply halts here
     try:
-        server = saved.get("server")
+        server, epoch = saved.get("server"), int(saved.get("epoch") or 0)
+        if not 0 <= epoch <= envelope.MAX_EPOCH:
+            raise ValueError(f"epoch {epoch} out of range")
         return Resume(str(saved["file"]), int(saved["offset"]), saved.get("gtid") or None,
-                      None if server is None else int(server), int(saved.get("epoch") or 0))
+                      None if server is None else int(server), epoch)
     except (ValueError, KeyError, TypeError) as exc:
         raise StreamMismatch(
             f"the saved parser position {keys.parser_cursor(source)!r} is unreadable ({exc!r}); only the parser "

@@ -141,8 +141,6 @@ class PartitionWorker:
                 break
             if out is not None:
                 outs.append(out)
-            elif (marker := self._filtered_marker(m, seq)) is not None:
-                outs.append(marker)
             last_ok = seq
         self._in.inc(len(msgs) if poison is None else msgs.index(poison[0]) + 1, partition=self._p)
         await self._publish(outs, fence)
@@ -151,20 +149,19 @@ class PartitionWorker:
             await self._commit()
             await self._dead_letter(*poison)
 
-    def _filtered_marker(self, m: Msg, seq: int) -> Out | None:
+    def _marker(self, env: dict[str, Any], seq: int) -> Out | None:
         """What stands in BINLAKE_CDC for a message the rules filtered out: a heartbeat-shaped marker
-        with its `Binlake-Txn` header on this partition's own internal subject, so that the store
-        still sees every message of a transaction and can hand out whole transactions."""
-        headers = m.headers or {}
-        if envelope.TXN_HEADER not in headers:
+        with its transaction's `Binlake-Txn` on this partition's own internal subject, so that the
+        store still sees every message of a transaction and can hand out whole transactions."""
+        txn = envelope.txn_header(env)
+        if txn is None:
             return None
-        env = {"v": envelope.VERSION, "source": self._s.source, "db": None, "table": None, "op": "hb",
-               "ts": _int(headers.get("Binlake-Ts")), "pos": {"file": "", "offset": 0, "gtid": None},
-               "scn": _int(headers.get("Binlake-Scn")), "chunk": 0,
-               "txn": {"id": None, "i": 0, "last": True}}
+        marker = {"v": envelope.VERSION, "source": self._s.source, "db": None, "table": None, "op": "hb",
+                  "ts": env.get("ts"), "pos": {"file": "", "offset": 0, "gtid": None}, "scn": env.get("scn"),
+                  "chunk": 0, "txn": {"id": None, "i": 0, "last": True}}
         subject = self._names.cdc_internal(self._s.source, f"filtered-p{self._p}")
-        return Out(subject, envelope.encode(env), {envelope.TXN_HEADER: headers[envelope.TXN_HEADER],
-                                                  "Nats-Msg-Id": f"{self._s.source}:filtered:{seq}"}, seq)
+        return Out(subject, envelope.encode(marker), {envelope.TXN_HEADER: txn,
+                                                     "Nats-Msg-Id": f"{self._s.source}:filtered:{seq}"}, seq)
 
     async def _to_object(self, out: Out) -> Out:
         """A message too large for BINLAKE_CDC (a row, or what masks made of it): its envelope into
@@ -191,7 +188,7 @@ class PartitionWorker:
             allowed, table_rules = self._rules_for(db or "", table)
             if not allowed:
                 self._filtered.inc(partition=self._p)
-                return None
+                return self._marker(env, seq)
             if table_rules.rewrites:
                 self._check_columns(db or "", table, env)
             try:
@@ -200,8 +197,12 @@ class PartitionWorker:
                 raise envelope.EnvelopeError(f"the sink rules cannot apply to its rows or DDL: {exc!r}") from exc
             if shaped is None:
                 self._filtered.inc(partition=self._p)
-                return None
+                return self._marker(env, seq)
         headers = {k: v for k, v in (m.headers or {}).items() if k not in DROPPED_HEADERS}
+        # Rebuilt from the checked envelope: the store trusts it to find whole transactions.
+        headers.pop(envelope.TXN_HEADER, None)
+        if (txn := envelope.txn_header(env)) is not None:
+            headers[envelope.TXN_HEADER] = txn
         if resolved:
             headers.pop(objects.HEADER, None)
         if shaped is not env and shaped is not None:
@@ -339,9 +340,3 @@ def _stored(value: bytes | None, key: str, bucket: str) -> tuple[int, int]:
     stored = kv_values.load_json(value, key, bucket)
     return int(stored.get("seq", 0)), int(stored.get("seen", 0))
 
-
-def _int(text: str | None) -> int:
-    try:
-        return int(text or 0)
-    except ValueError:
-        return 0

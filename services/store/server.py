@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ STUCK_S = 30.0  # a transaction that stays incomplete this long is handed out in
 # To end where no transaction is open, a batch may grow past its row limit, and up to this many
 # times its bytes: sink partitions publish in bulk, so a backlog interleaves many transactions.
 EXTEND = 4
+SPLIT_KEPT = 10_000  # ids of transactions handed out in parts, remembered per client
 
 
 @dataclass
@@ -45,8 +47,17 @@ class _Position:
     reader: OrderedReader
     buffer: deque[Msg] = field(default_factory=deque)
     used: float = field(default_factory=time.monotonic)
-    open: batches.OpenTxns = field(default_factory=batches.OpenTxns)  # left open by a batch handed out in parts
     stuck: float | None = None  # since when gets found only incomplete transactions
+    split: set[str] = field(default_factory=set)  # transactions handed out in parts: no longer waited for
+    _split_order: deque[str] = field(default_factory=deque)
+
+    def remember_split(self, txn_ids: Iterable[str]) -> None:
+        for txn_id in txn_ids:
+            if txn_id not in self.split:
+                self.split.add(txn_id)
+                self._split_order.append(txn_id)
+        while len(self._split_order) > SPLIT_KEPT:
+            self.split.discard(self._split_order.popleft())
 
     @property
     def next_seq(self) -> int:
@@ -243,17 +254,19 @@ class StoreServer:
             pos = self._positions[state.client] = _Position(reader)
         pos.used = time.monotonic()
         pattern = batches.compile_filter(state.filter)
-        examined: list[tuple[Msg, bool]] = []  # every message read, and whether it goes to this client
-        open_txns = pos.open.copy()
-        whole = 0  # how many of `examined` end where no transaction is open
+        events: list[bytes] = []  # the batch so far: up to the last place where no transaction is open
+        seqs: list[int] = []
         rows = size = 0
+        pending: list[tuple[Msg, bool]] = []  # read since then, and whether each goes to this client
+        pending_rows = pending_size = held = 0  # `held`: bytes of everything pending, wanted or not
+        open_txns = batches.OpenTxns()
         full = False  # a limit is reached (or an object came): only open transactions may go on
-        end = state.delivered
+        taken = end = state.delivered
         deadline = time.monotonic() + max_wait
         while True:
-            if rows >= max_rows or size >= max_bytes:
+            if rows + pending_rows >= max_rows or size + pending_size >= max_bytes:
                 full = True
-            if full and (not open_txns or size >= EXTEND * max_bytes):
+            if full and (not open_txns or held + size >= EXTEND * max_bytes):
                 break
             if not pos.buffer:
                 # Wait up to max_wait for the batch to fill (Canal's get(batchSize, timeout)).
@@ -280,37 +293,45 @@ class StoreServer:
             parts = m.subject.split(".")
             wanted = batches.wanted((unescape_token(parts[-2]), unescape_token(parts[-1]))
                                     if parts[-2] != "$binlake" else ("$binlake", parts[-1]), headers, state, pattern)
-            examined.append((m, wanted))
-            open_txns.add(envelope.txn_tag(headers))
+            tag = envelope.txn_tag(headers)
+            open_txns.add(None if tag is None or tag[0] in pos.split else tag)
+            pending.append((m, wanted))
+            held += len(m.data)
             if wanted:
-                size += len(m.data)
-                rows += int(headers.get("Binlake-Rows", 0))
+                pending_size += len(m.data)
+                pending_rows += int(headers.get("Binlake-Rows", 0))
                 full = full or objects.HEADER in headers
-            if not open_txns:
-                whole = len(examined)
+            if not open_txns:  # a transaction boundary: what is pending belongs to the batch
+                for pm, pw in pending:
+                    if pw:
+                        events.append(pm.data)
+                        seqs.append(pm.metadata.sequence.stream)
+                taken, rows, size = seq, rows + pending_rows, size + pending_size
+                pending, pending_rows, pending_size, held = [], 0, 0, 0
         partial = False
-        take = len(examined)
-        if open_txns and examined:
+        if pending:
             now = time.monotonic()
-            if whole > 0:
-                take = whole  # the rest waits for its transactions' other messages
+            if taken > state.delivered:
+                pass  # the rest waits for its transactions' other messages
             elif full or (pos.stuck is not None and now - pos.stuck >= STUCK_S):
-                partial = True  # larger than a batch may grow, or waiting for a halted partition
+                # Larger than a batch may grow, or waiting for a halted partition (or for messages
+                # before this client's start): handed out in parts; those transactions count as
+                # split from now on, so their other messages do not hold up later batches.
+                partial = True
+                pos.remember_split(open_txns.seen)
                 self.log.warning("store.partial_batch", client=state.client, open_transactions=len(open_txns.seen),
                                  reason="too large for one batch" if full else f"incomplete for {STUCK_S:g}s")
+                events += [pm.data for pm, pw in pending if pw]
+                seqs += [pm.metadata.sequence.stream for pm, pw in pending if pw]
+                taken, rows = end, rows + pending_rows
+                pending = []
             else:
-                take = 0
                 pos.stuck = pos.stuck if pos.stuck is not None else now
-        if take < len(examined):
-            pos.buffer.extendleft(m for m, _ in reversed(examined[take:]))
-            end = examined[take - 1][0].metadata.sequence.stream if take else state.delivered
-        if take:
+        if pending:
+            pos.buffer.extendleft(pm for pm, _ in reversed(pending))
+        if taken > state.delivered:
             pos.stuck = None
-            pos.open = open_txns if partial else batches.OpenTxns()
-        events = [m.data for m, wanted in examined[:take] if wanted]
-        seqs = [m.metadata.sequence.stream for m, wanted in examined[:take] if wanted]
-        rows = sum(int((m.headers or {}).get("Binlake-Rows", 0)) for m, wanted in examined[:take] if wanted)
-        return events, seqs, rows, end, partial
+        return events, seqs, rows, taken, partial
 
     async def ack(self, req: dict[str, Any]) -> dict[str, Any]:
         client = require_client(req)

@@ -39,6 +39,12 @@ def test_a_switch_that_would_lose_changes_is_refused(server_gtid, mariadb, last,
         resume_on(last, 2, mariadb, server_gtid)
 
 
+def test_a_switch_inside_a_partly_published_transaction_is_refused():
+    with pytest.raises(SourceSwitched, match="ends inside transaction 0-1-121"):
+        resume_on(LAST, 2, True, "0-1-130", unfinished="0-1-121")
+    assert resume_on(LAST, 1, True, "0-1-130", unfinished="0-1-121") == LAST  # the same server finishes it
+
+
 def test_the_order_key_refuses_what_it_cannot_hold():
     with pytest.raises(envelope.EnvelopeError):
         envelope.scn("mysql-bin.000001", 4, envelope.MAX_EPOCH + 1)
