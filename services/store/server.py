@@ -234,8 +234,8 @@ class StoreServer:
 
     async def _read(self, state: ClientState, max_rows: int, max_wait: float,
                     max_bytes: int) -> tuple[list[bytes], list[int], int, int, bool]:
-        """Events after `state.delivered` for this client: (envelopes, their CDC sequences, rows, last
-        examined, whether the batch ends inside a source transaction).
+        """Events after `state.delivered` for this client: (envelopes, their CDC sequences, rows, the
+        last sequence the batch covers, whether it ends inside a source transaction).
 
         A batch ends at `max_rows` rows, once its events hold `max_bytes` (at least one event), or
         after an object reference (a message too large for NATS, `shared.objects`: the client
@@ -264,9 +264,10 @@ class StoreServer:
         taken = end = state.delivered
         deadline = time.monotonic() + max_wait
         while True:
-            if rows + pending_rows >= max_rows or size + pending_size >= max_bytes:
+            grown = held + size >= EXTEND * max_bytes  # what it holds, wanted by this client or not
+            if grown or rows + pending_rows >= max_rows or size + pending_size >= max_bytes:
                 full = True
-            if full and (not open_txns or held + size >= EXTEND * max_bytes):
+            if full and (not open_txns or grown):
                 break
             if not pos.buffer:
                 # Wait up to max_wait for the batch to fill (Canal's get(batchSize, timeout)).
