@@ -9,9 +9,10 @@ too large in the CDC bucket (`binlake_cdc_objects`), which the store client, `bi
 the loader resolve transparently. Each bucket's objects live as long as its stream's messages
 plus a day (`object_ttl`). `nats object ls binlake_cdc_objects` shows them.
 
-An object is named after its message id, so a replay after a crash finds it already there and
-the put is skipped; a reader that cannot get an object (expired, removed, corrupt) raises
-`ObjectMissing`, never skips the message.
+An object is named after its message id and a digest of its bytes (`Ref.of_data`), so a replay
+after a crash finds it already there (the put is skipped unless the object is old) and other
+bytes never replace what a stored reference names; a reader that cannot get an object
+(expired, removed, corrupt) raises `ObjectMissing`, never skips the message.
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ class Ref:
         return dataclasses.asdict(self)
 
     @classmethod
+    def of_data(cls, bucket: str, msg_id: str, data: bytes) -> Ref:
+        """The reference for `data`, the encoded envelope of message `msg_id`, stored in `bucket`."""
+        digest = hashlib.sha256(data).hexdigest()
+        return cls(bucket, f"{msg_id}.{digest[:16]}", len(data), digest)
+
+    @classmethod
     def of(cls, env: Mapping[str, Any], bucket: str | None = None) -> Ref | None:
         """The reference an envelope carries (None for an ordinary one), which must name `bucket`
         when given; EnvelopeError when malformed."""
@@ -95,13 +102,12 @@ def object_ttl(stream_max_age_s: float | None) -> float | None:
 
 
 def reference(env: Mapping[str, Any], data: bytes, bucket: str, msg_id: str) -> dict[str, Any]:
-    """The reference envelope for `env`, whose encoding `data` goes to `bucket`.
+    """The reference envelope for `env`, whose encoding `data` goes to `bucket`."""
+    return referring(env, Ref.of_data(bucket, msg_id, data))
 
-    The object's name is the message id and a digest of its bytes: another content (a replay
-    under other sink rules) never replaces what an earlier reference names.
-    """
-    digest = hashlib.sha256(data).hexdigest()
-    ref = Ref(bucket, f"{msg_id}.{digest[:16]}", len(data), digest)
+
+def referring(env: Mapping[str, Any], ref: Ref) -> dict[str, Any]:
+    """The reference envelope that stands for `env` in its stream, naming the object `ref`."""
     return {**{k: v for k, v in env.items() if k in KEPT}, "v": VERSION, "rows": [], REF: ref.to_dict()}
 
 

@@ -166,7 +166,7 @@ class Pipeline:
         self.schemas_compiled.set(reader.stats.schemas_compiled)
 
     async def _put_object(self, msg: Outgoing) -> None:
-        ref = objects.Ref.of(envelope.decode(msg.data), self.names.raw_objects_bucket)
+        ref = msg.blob_ref
         assert ref is not None and msg.blob is not None
         await objects.put(self.js, ref, msg.blob)
         self.objects.inc()

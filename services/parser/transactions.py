@@ -71,6 +71,7 @@ class Outgoing:
     resume: Resume
     last: bool
     blob: bytes | None = None  # the whole envelope when `data` is its reference (`shared.objects`)
+    blob_ref: objects.Ref | None = None  # the object `blob` goes to
 
     def size(self) -> int:
         """Bytes it holds (the bound of the parser's buffers)."""
@@ -303,13 +304,12 @@ class Assembler:
             is_last = last and n == len(parts) - 1
             if self.skip is not None and self.skip.txn_id == txn.id and i <= self.skip.i:
                 continue
-            blob = None
+            msg = self._outgoing(part, data, resume if is_last else txn.start, is_last, schema_id)
             if len(data) > limit:  # one row larger than a message: the envelope goes to an object
-                mid = envelope.msg_id(self.source, part["scn"], part["chunk"])
-                ref_env = objects.reference(part, data, self.names.raw_objects_bucket, mid)
-                blob, data = data, envelope.encode(ref_env)
-                part = {**part, objects.REF: ref_env[objects.REF]}
-            out.append(self._outgoing(part, data, resume if is_last else txn.start, is_last, schema_id, blob))
+                ref = objects.Ref.of_data(self.names.raw_objects_bucket, msg.msg_id, data)
+                msg.blob, msg.blob_ref, msg.data = data, ref, envelope.encode(objects.referring(part, ref))
+                msg.headers[objects.HEADER] = f"{ref.bucket}/{ref.name}"
+            out.append(msg)
         txn.i += len(parts)
         return out
 
@@ -327,7 +327,7 @@ class Assembler:
         return out
 
     def _outgoing(self, env: dict[str, Any], data: bytes, resume: Resume, last: bool,
-                  schema_id: str | None, blob: bytes | None = None) -> Outgoing:
+                  schema_id: str | None) -> Outgoing:
         mid = envelope.msg_id(self.source, env["scn"], env["chunk"])
         table = env["table"]
         if env["op"] == "ddl" and not table:
@@ -338,6 +338,4 @@ class Assembler:
         headers = envelope.headers(env, mid)
         if schema_id:
             headers["Binlake-Schema"] = schema_id
-        if blob is not None:
-            headers[objects.HEADER] = f"{self.names.raw_objects_bucket}/{env[objects.REF]['name']}"
-        return Outgoing(subject, data, mid, headers, env["op"], env["ts"], rows, resume, last, blob)
+        return Outgoing(subject, data, mid, headers, env["op"], env["ts"], rows, resume, last)

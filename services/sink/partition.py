@@ -167,11 +167,9 @@ class PartitionWorker:
         """A message too large for BINLAKE_CDC (a row, or what masks made of it): its envelope into
         the CDC objects bucket, a reference in the stream."""
         mid = out.headers.get("Nats-Msg-Id") or f"{self._s.source}:raw{out.raw_seq}"
-        ref_env = objects.reference(envelope.as_dict(envelope.decode(out.data)), out.data,
-                                    self._names.cdc_objects_bucket, mid)
-        ref = objects.Ref.of(ref_env)
-        assert ref is not None
+        ref = objects.Ref.of_data(self._names.cdc_objects_bucket, mid, out.data)
         await objects.put(self._js, ref, out.data)
+        ref_env = objects.referring(envelope.as_dict(envelope.decode(out.data)), ref)
         return Out(out.subject, envelope.encode(ref_env), {**out.headers, objects.HEADER: f"{ref.bucket}/{ref.name}"},
                    out.raw_seq)
 
