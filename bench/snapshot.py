@@ -10,8 +10,9 @@ binlake). Then, alternately, `--runs` times:
   (b) binlake: parser + one sink worker as subprocesses on a fresh prefix; the time from
       filing the snapshot request until BINLAKE_CDC holds all N rows as `op = "r"`.
 
-Prints rows/s of both, their ratio, and the chunk cycle time percentiles (time between the
-arrivals of consecutive chunks' last messages in BINLAKE_CDC). Exits non-zero when the CDC
+Prints rows/s of both, their ratio, the chunk cycle time percentiles (time between the
+arrivals of consecutive chunks' last messages in BINLAKE_CDC), and the CPU the parser and the
+sink spent per row (steadier than times on a noisy machine). Exits non-zero when the CDC
 rows are not exactly the table's rows.
 
     python3 -m bench.snapshot [--rows 300000] [--runs 2] [--chunk-rows 4096] [--workdir DIR]
@@ -36,7 +37,7 @@ from asyncmy.cursors import SSCursor
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from bench.common import ROOT, arguments, run_in_workdir, stop_processes
+from bench.common import ROOT, arguments, proc_cpu, run_in_workdir, stop_processes
 from shared import keys
 from shared import snapshots as snap
 from shared.subjects import Names
@@ -57,6 +58,7 @@ class Run:
     seconds: float
     cycles_ms: list[float] = field(default_factory=list)
     first_ms: float = 0.0  # from the request to the first chunk in BINLAKE_CDC
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per service during the snapshot
 
     @property
     def rate(self) -> float:
@@ -136,17 +138,19 @@ async def binlake(db: MariaDB, nats_url: str, rows: int, prefix: str, chunk_rows
         sub = await js.subscribe(Names(prefix).cdc(SOURCE, DB, TABLE), cb=on_msg, stream=cdc, config=ConsumerConfig(
             ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, headers_only=True), ordered_consumer=True)
         req = snap.SnapshotRequest(id=f"bench-{prefix}", patterns=[f"{DB}.{TABLE}"], created_ms=int(time.time() * 1000))
+        cpu0 = [proc_cpu(p.pid) for p in procs]
         started = time.perf_counter()
         await kv.create(keys.snapshot_request(SOURCE, req.id), req.to_json())
         await asyncio.wait_for(done.wait(), 1800)
         seconds = time.perf_counter() - started
+        cpu = {name: proc_cpu(p.pid) - c0 for name, p, c0 in zip(("parser", "sink"), procs, cpu0, strict=True)}
         await sub.unsubscribe()
         ends = sorted(arrivals.values())
         cycles = [(b - a) * 1000 for a, b in itertools.pairwise(ends)]
         if got != rows:
             raise SystemExit(f"BINLAKE_CDC holds {got} snapshot rows, the table {rows}")
         return Run(f"binlake snapshot -> BINLAKE_CDC (chunk {chunk_rows})", got, seconds, cycles,
-                   (ends[0] - started) * 1000)
+                   (ends[0] - started) * 1000, cpu)
     finally:
         await nc.close()
         stop_processes(procs)
@@ -175,7 +179,9 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             for i in range(args.runs):
                 base.append(asyncio.run(baseline(db)))
                 ours.append(asyncio.run(binlake(db, ns.url, args.rows, f"bench{i}", args.chunk_rows, logs)))
-                print(f"run {i + 1}: baseline {base[-1].rate:>10,.0f} rows/s   binlake {ours[-1].rate:>10,.0f} rows/s")
+                cpu = "  ".join(f"{k} {v * 1e6 / args.rows:.2f}" for k, v in ours[-1].cpu_s.items())
+                print(f"run {i + 1}: baseline {base[-1].rate:>10,.0f} rows/s   binlake {ours[-1].rate:>10,.0f} rows/s"
+                      f"   CPU us/row: {cpu}")
         finally:
             ns.stop()
     finally:
@@ -191,6 +197,9 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     print(f"chunk cycle in BINLAKE_CDC: p50 {pct(cycles, 0.5):.0f} ms  p95 {pct(cycles, 0.95):.0f} ms  "
           f"p99 {pct(cycles, 0.99):.0f} ms  ({len(cycles)} chunks)")
     print(f"request -> first chunk in BINLAKE_CDC: {statistics.median(r.first_ms for r in ours):.0f} ms (median)")
+    for name in ("parser", "sink"):
+        per_row = statistics.median(r.cpu_s[name] for r in ours) * 1e6 / args.rows
+        print(f"{name} CPU during the snapshot: {per_row:.2f} us/row (median)")
     return 0
 
 

@@ -205,10 +205,11 @@ class Assembler:
         self._push(env, table.packed, table.id)
         return self._drain_before_last()
 
-    def snapshot(self, table: TableSchema, rows: list[dict[str, Any]], file: str, start: int,
+    def snapshot(self, table: TableSchema, changes: list[dict[str, Any]], file: str, start: int,
                  ts: int) -> list[Outgoing]:
-        """Snapshot rows (`op = "r"`) at the position of the high watermark that releases them."""
-        return self.rows("r", table, [{"after": row} for row in rows], file, start, ts)
+        """Snapshot rows (`op = "r"`, each `{"after": row}`) at the position of the high watermark
+        that releases them."""
+        return self.rows("r", table, changes, file, start, ts)
 
     def commit(self, file: str, end: int) -> list[Outgoing]:
         txn = self._txn

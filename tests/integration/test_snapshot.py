@@ -54,11 +54,16 @@ def snapshot_rows(msgs: list[StoredMsg], db: str, table: str) -> list[StoredMsg]
     return [m for m in msgs if m.env.get("db") == db and m.env.get("table") == table and m.env["op"] == "r"]
 
 
+@pytest.mark.parametrize("charsets", ["mixed", "utf8"])
 def test_snapshot_rows_equal_binlog_rows_for_every_type(mariadb: MariaDB, database: str, parser: ServiceProcess,
-                                                        nats_url: str, tmp_path: Path) -> None:
-    """The same rows read by SELECT and decoded from the binlog are identical, schema included."""
+                                                        nats_url: str, tmp_path: Path, charsets: str) -> None:
+    """The same rows read by SELECT and decoded from the binlog are identical, schema included:
+    for a table with a latin1 column (every text value decoded by binlake) and one whose text is
+    all UTF-8 (decoded by asyncmy's C row parser)."""
     db = database
-    cols = ", ".join(f"c{i} {t}" for i, (t, _) in enumerate(MATRIX))
+    types = [t if charsets == "mixed" else t.replace("CHARACTER SET latin1", "CHARACTER SET utf8mb4")
+             for t, _ in MATRIX]
+    cols = ", ".join(f"c{i} {t}" for i, t in enumerate(types))
     mariadb.execute(f"CREATE TABLE `{db}`.types (id INT PRIMARY KEY, touched INT NOT NULL DEFAULT 0, {cols})")
     conn = mariadb.connect()
     with conn.cursor() as cur:

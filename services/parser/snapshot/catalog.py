@@ -126,11 +126,14 @@ def placeholder(col: Column) -> str:
     return "%s"
 
 
-def key_param(col: Column, raw: bytes) -> Any:
-    """A key value read by SELECT as the parameter of the next chunk's keyset condition."""
+def key_param(col: Column, raw: Any) -> Any:
+    """A key value read by SELECT (bytes, or the str or int the snapshot connection made of
+    them) as the parameter of the next chunk's keyset condition."""
     code = col.ctype.code
     if code in (v.TINY, v.SHORT, v.INT24, v.LONG, v.LONGLONG, v.YEAR):
         return int(raw)
+    if isinstance(raw, str):
+        return raw  # text decoded as UTF-8, or DECIMAL or a temporal value as the server printed it
     if code in (v.STRING, v.VARCHAR, v.VAR_STRING) and col.ctype.encoding:
         return v.decode_text(raw, col.ctype.encoding)
     if code in (v.STRING, v.VARCHAR, v.VAR_STRING):

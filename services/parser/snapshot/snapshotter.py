@@ -39,8 +39,8 @@ from services.parser.snapshot.catalog import (
     list_tables,
     placeholder,
 )
-from services.parser.snapshot.values import row_decoder, row_size_check
-from services.parser.snapshot.watermarks import Watermarks, connect
+from services.parser.snapshot.values import block_size, nbytes, reads_unicode, row_decoder, row_size_check
+from services.parser.snapshot.watermarks import Watermarks, connect, read_unicode
 from services.parser.snapshot.windows import BOTH, HIGH, LOW, Chunk, Outcome, Windows
 from services.parser.values import DecodeStats
 from shared import keys
@@ -476,8 +476,8 @@ class Snapshotter:
 
     async def _read(self, conn: Any, shape: TableShape,
                     last_key: list[Any] | None) -> tuple[list[dict[str, Any]], list[Any] | None, bool]:
-        """One chunk in key order after `last_key` (the whole table when it has no key): its rows,
-        the key of the last one, and whether it was cut short at `snapshot_chunk_bytes`."""
+        """One chunk in key order after `last_key` (the whole table when it has no key): its rows as
+        `r` changes, the key of the last one, and whether it was cut short at `snapshot_chunk_bytes`."""
         schema = shape.schema
         names = tuple(c.name for c in schema.columns)
         by_name = {c.name: (i, c) for i, c in enumerate(schema.columns)}
@@ -485,15 +485,17 @@ class Snapshotter:
         sql = chunk_sql(schema.db, schema.table, names, shape.key, after=last_key is not None,
                         limit=self.cfg.snapshot_chunk_rows, placeholders=tuple(placeholder(c) for _, c in key_cols))
         params = keyset_params(tuple(last_key)) if last_key is not None else []
-        decode = row_decoder(schema.columns, self.stats)
+        unicode = reads_unicode(schema.columns)
+        decode = row_decoder(schema.columns, self.stats, unicode=unicode, wrap="after")
         bound = row_size_check(schema.columns, self.max_row_bytes)
         # Rows that could add up to more than the chunk's bytes are measured; a keyless table is read whole.
         per_row = row_size_check(schema.columns, self.cfg.snapshot_chunk_bytes // self.cfg.snapshot_chunk_rows) \
             if key_cols else None
         rows: list[dict[str, Any]] = []
         raw: tuple[Any, ...] | None = None
-        size, cut, largest, step = 0, False, 1, 1024 if per_row is None else 1
+        size, cut, step = 0, False, 1024 if per_row is None else 1
         budget = self.cfg.snapshot_chunk_bytes
+        read_unicode(conn, unicode)
         async with conn.cursor(SSCursor) as cur:
             await cur.execute(sql, params)
             while many := await cur.fetchmany(step):  # one await per block of rows, not per row
@@ -502,9 +504,8 @@ class Snapshotter:
                 rows.extend(map(decode, many))
                 raw = many[-1]
                 if per_row is not None:
-                    fixed, long = per_row
-                    sizes = [fixed + sum(len(r[i]) for i in long if r[i] is not None) for r in many]
-                    size, largest = size + sum(sizes), max(largest, *sizes)
+                    total, largest = block_size(many, *per_row)
+                    size += total
                     if size >= budget:
                         cut = True  # the rest of the chunk is read and dropped as the cursor closes
                         break
@@ -516,9 +517,10 @@ class Snapshotter:
     def _check_sizes(self, schema: TableSchema, rows: list[tuple[Any, ...]],
                      bound: tuple[int, tuple[int, ...]]) -> None:
         fixed, long = bound
-        room = self.max_row_bytes - fixed
+        if block_size(rows, fixed, long)[1] <= self.max_row_bytes:
+            return  # no row is larger than the sum of the columns' largest values
         for raw in rows:
-            if sum(len(raw[i]) for i in long if raw[i] is not None) > room:
+            if fixed + sum(nbytes(raw[i]) for i in long if raw[i]) > self.max_row_bytes:
                 raise TableFailed(str(OversizeEvent(
                     f"a row of {schema.db}.{schema.table} holds more than {self.max_row_bytes} bytes, more than "
                     "a snapshot reads in one row")))

@@ -1,10 +1,12 @@
 """Pure: one value of a snapshot SELECT -> the same envelope value the binlog path gives.
 
-The snapshot reads through asyncmy with every conversion off and `character_set_results =
-NULL`, so each value arrives as the raw bytes the server sends for its text protocol, in the
-column's own charset. Decoding them here with the column's codec and the binlog decoders'
-formats makes a row read by SELECT byte-for-byte equal to the same row decoded from a rows
-event (tests/integration/test_snapshot.py checks the whole type matrix).
+The snapshot reads through asyncmy with `character_set_results = NULL`, so each value arrives
+as the text the server prints for it, in the column's own charset. asyncmy's C row parser
+turns integers and doubles into numbers (`RESULT_CONVERSIONS`, the only conversions of the
+snapshot connection) and, for a table whose text columns are all UTF-8 (`reads_unicode`),
+decodes text in C as well; the rest is decoded here with the column's codec and the binlog
+decoders' formats. A row read by SELECT is so byte-for-byte equal to the same row decoded from
+a rows event (tests/integration/test_snapshot.py checks the whole type matrix, both ways).
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from services.parser import values as v
 from services.parser.columns import CODECS, Column
 from shared.errors import DecodeError
 
-TextDecoder = Callable[[bytes], Any]
+TextDecoder = Callable[[Any], Any]
+
+_INTEGERS = (v.TINY, v.SHORT, v.INT24, v.LONG, v.LONGLONG, v.YEAR)
+# Result field type -> conversion asyncmy applies while it parses a row (`int` on its C fast path).
+RESULT_CONVERSIONS: dict[int, Callable[[bytes], Any]] = {**dict.fromkeys(_INTEGERS, int), v.DOUBLE: float}
+_TEXT_CODES = (v.VARCHAR, v.VAR_STRING, v.STRING, v.BLOB)
 
 
 def _float(raw: bytes) -> float:
@@ -45,20 +52,27 @@ def _valid(raw: bytes) -> bool:
 _SEEN_DATES = 65_536  # dates remembered as valid per column (a chunk's dates repeat)
 
 
-def _temporal(stats: v.DecodeStats, zone: str) -> TextDecoder:
+def _temporal(stats: v.DecodeStats, zone: str, unicode: bool) -> TextDecoder:
     """DATE, DATETIME and TIMESTAMP: `YYYY-MM-DD[ hh:mm:ss[.f]]` in ISO form, invalid dates null."""
-    seen: set[bytes] = set()
+    seen: set[Any] = set()
+
+    def check(day: Any) -> bool:  # the calendar check once per date, not once per value
+        if not _valid(day.encode("ascii") if unicode else day):
+            stats.zero_dates += 1
+            return False
+        if len(seen) >= _SEEN_DATES:
+            seen.clear()
+        seen.add(day)
+        return True
+
+    if unicode:
+        def decode_str(raw: str) -> Any:
+            return raw.replace(" ", "T") + zone if raw[:10] in seen or check(raw[:10]) else None
+
+        return decode_str
 
     def decode(raw: bytes) -> Any:
-        day = raw[:10]
-        if day not in seen:  # the calendar check once per date, not once per value
-            if not _valid(raw):
-                stats.zero_dates += 1
-                return None
-            if len(seen) >= _SEEN_DATES:
-                seen.clear()
-            seen.add(day)
-        return raw.decode("ascii").replace(" ", "T") + zone
+        return raw.decode("ascii").replace(" ", "T") + zone if raw[:10] in seen or check(raw[:10]) else None
 
     return decode
 
@@ -74,61 +88,98 @@ def _text(encoding: str) -> TextDecoder:
 
 
 def _set(encoding: str) -> TextDecoder:
-    def decode(raw: bytes) -> list[str]:
-        return v.decode_text(raw, encoding).split(",") if raw else []
+    def decode(raw: bytes | str) -> list[str]:
+        text = raw if isinstance(raw, str) else v.decode_text(raw, encoding)
+        return text.split(",") if text else []
 
     return decode
 
 
-def _json(raw: bytes) -> str:
+def _json(raw: bytes | str) -> str:
     # MySQL prints JSON with the separators json.dumps uses; re-dumping fixes key order too.
     return json.dumps(json.loads(raw), ensure_ascii=False)
 
 
-def text_decoder_for(col: Column, stats: v.DecodeStats) -> TextDecoder:
-    """The decoder of one column's SELECT value; the SQL NULL never reaches it."""
+def _same(value: Any) -> Any:
+    return value
+
+
+def _charset_of(col: Column) -> str | None:
+    """The codec a column's value is printed in (None: bytes, or no charset at all)."""
     code = col.ctype.code
-    encoding = col.ctype.encoding or CODECS.get(col.charset or "", "utf-8")
-    if code in (v.TINY, v.SHORT, v.INT24, v.LONG, v.LONGLONG, v.YEAR):
+    if code in _TEXT_CODES:
+        return col.ctype.encoding
+    if code in (v.ENUM, v.SET):
+        return col.ctype.encoding or CODECS.get(col.charset or "", "utf-8")
+    return None
+
+
+def reads_unicode(columns: tuple[Column, ...]) -> bool:
+    """Whether asyncmy may decode every text value of these columns as UTF-8 itself (its
+    `use_unicode`): only when each column with a charset has a UTF-8 one."""
+    return all(_charset_of(c) in (None, "utf-8") for c in columns)
+
+
+def text_decoder_for(col: Column, stats: v.DecodeStats, *, unicode: bool = False) -> TextDecoder:
+    """The decoder of one column's SELECT value; the SQL NULL never reaches it.
+
+    The value is the server's bytes, or with `unicode` (see `reads_unicode`) asyncmy's str for
+    every value but binary strings, BIT and GEOMETRY, which stay bytes.
+    """
+    code = col.ctype.code
+    if code in _INTEGERS:
         return int
     if code == v.FLOAT:
         return _float
     if code == v.DOUBLE:
         return float
     if code in (v.NEWDECIMAL, v.TIME, v.TIME2):
-        return _ascii
+        return _same if unicode else _ascii
     if code in (v.DATE, v.DATETIME, v.DATETIME2):
-        return _temporal(stats, "")
+        return _temporal(stats, "", unicode)
     if code in (v.TIMESTAMP, v.TIMESTAMP2):
-        return _temporal(stats, "Z")  # the snapshot session runs with time_zone = '+00:00'
-    if code in (v.VARCHAR, v.VAR_STRING, v.STRING, v.BLOB):
-        return _text(col.ctype.encoding) if col.ctype.encoding else bytes
+        return _temporal(stats, "Z", unicode)  # the snapshot session runs with time_zone = '+00:00'
+    if code in _TEXT_CODES:
+        return _same if unicode or not col.ctype.encoding else _text(col.ctype.encoding)
     if code == v.ENUM:
-        return _text(encoding)
+        return _same if unicode else _text(_charset_of(col) or "utf-8")
     if code == v.SET:
-        return _set(encoding)
+        return _set(_charset_of(col) or "utf-8")
     if code == v.BIT:
         return _bit
     if code == v.JSON:
         return _json
     if code == v.GEOMETRY:
-        return bytes
+        return _same
     raise DecodeError(f"column {col.name} of type {col.type} cannot be snapshotted")
 
 
-def row_decoder(columns: tuple[Column, ...], stats: v.DecodeStats) -> Callable[[tuple[Any, ...]], dict[str, Any]]:
-    """Decode one SELECT row (columns in schema order) into the envelope's row dict.
+def row_decoder(columns: tuple[Column, ...], stats: v.DecodeStats, *, unicode: bool = False,
+                wrap: str | None = None) -> Callable[[tuple[Any, ...]], dict[str, Any]]:
+    """Decode one SELECT row (columns in schema order, as the snapshot connection returns it:
+    `RESULT_CONVERSIONS` applied, text decoded when `unicode`) into the envelope's row dict,
+    or into `{wrap: row}` (the change a snapshot row becomes).
 
     The function is generated for the column list, one expression per column, because
-    the per-value loop is the snapshot's hot spot (3x faster than zip over decoders).
+    the per-value loop is the snapshot's hot spot (3x faster than zip over decoders);
+    values already final are taken as they are.
     """
     scope: dict[str, Any] = {}
     items = []
     for i, col in enumerate(columns):
-        scope[f"d{i}"], scope[f"k{i}"] = text_decoder_for(col, stats), col.name
-        value = f"d{i}(r[{i}])" if not col.nullable else f"None if (x := r[{i}]) is None else d{i}(x)"
+        scope[f"k{i}"] = col.name
+        decoder = _same if col.ctype.code in RESULT_CONVERSIONS else text_decoder_for(col, stats, unicode=unicode)
+        if decoder is _same:
+            value = f"r[{i}]"
+        else:
+            scope[f"d{i}"] = decoder
+            value = f"d{i}(r[{i}])" if not col.nullable else f"None if (x := r[{i}]) is None else d{i}(x)"
         items.append(f"k{i}: {value}")
-    exec(f"def decode(r):\n    return {{{', '.join(items)}}}\n", scope)
+    row = f"{{{', '.join(items)}}}"
+    if wrap is not None:
+        scope["w"] = wrap
+        row = f"{{w: {row}}}"
+    exec(f"def decode(r):\n    return {row}\n", scope)
     decode: Callable[[tuple[Any, ...]], dict[str, Any]] = scope["decode"]
     return decode
 
@@ -161,3 +212,20 @@ def row_size_check(columns: tuple[Column, ...], limit: int) -> tuple[int, tuple[
         return None
     long = tuple(i for i, b in enumerate(bounds) if b is None or b > _CHECKED)
     return sum(b for b in bounds if b is not None and b <= _CHECKED), long
+
+
+def nbytes(value: bytes | str) -> int:
+    """Bytes of a long value as read (str: its UTF-8 length, see `reads_unicode`)."""
+    return len(value) if isinstance(value, bytes) or value.isascii() else len(value.encode())
+
+
+def block_size(rows: list[tuple[Any, ...]], fixed: int, long: tuple[int, ...]) -> tuple[int, int]:
+    """Bytes of a block of SELECT rows at most, measured as `row_size_check` says: (all of them,
+    an upper bound of the largest row, the sum of each long column's largest value)."""
+    total, largest = fixed * len(rows), fixed
+    for i in long:
+        sizes = list(map(nbytes, filter(None, map(operator.itemgetter(i), rows))))
+        if sizes:
+            total += sum(sizes)
+            largest += max(sizes)
+    return total, largest

@@ -15,12 +15,15 @@ import asyncmy
 import asyncmy.converters
 import asyncmy.errors
 
+from services.parser.snapshot.values import RESULT_CONVERSIONS
 from shared.errors import MissingPrivilege, SourceMisconfigured
 from shared.mysql import MysqlUrl, binlog_status_sql, map_mysql_error
 from shared.mysql import mysql_quote as quote
 
-# Python -> SQL encoders only: without decoders every value arrives as the server's bytes.
-ENCODERS_ONLY = {k: f for k, f in asyncmy.converters.conversions.items() if not isinstance(k, int)}
+# Python -> SQL encoders, and as decoders only the numbers asyncmy parses in C: every other
+# value arrives as the server's bytes (or str, see `read_unicode`).
+CONVERSIONS = {**{k: f for k, f in asyncmy.converters.conversions.items() if not isinstance(k, int)},
+               **RESULT_CONVERSIONS}
 
 
 # Session settings a SELECT's result depends on, pinned whatever the server's defaults are:
@@ -36,7 +39,7 @@ async def connect(dsn: MysqlUrl) -> Any:
     """A connection whose SELECTs return the server's raw bytes (see snapshot.values)."""
     try:
         conn = await asyncmy.connect(**dsn.asyncmy_settings(), autocommit=True, charset="utf8mb4",
-                                     use_unicode=False, conv=ENCODERS_ONLY)
+                                     use_unicode=False, conv=CONVERSIONS)
     except (asyncmy.errors.MySQLError, OSError) as exc:
         raise map_mysql_error(exc, dsn.address) from exc
     try:
@@ -52,6 +55,13 @@ async def connect(dsn: MysqlUrl) -> Any:
         conn.close()
         raise map_mysql_error(exc, dsn.address) from exc
     return conn
+
+
+def read_unicode(conn: Any, on: bool) -> None:
+    """Whether the next SELECT's text values arrive decoded as UTF-8 by asyncmy (in C) instead
+    of as bytes: only for tables `snapshot.values.reads_unicode` allows. asyncmy reads the
+    flag for each result's column descriptions."""
+    conn._use_unicode = on
 
 
 def _text(value: Any) -> str:

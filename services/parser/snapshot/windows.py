@@ -31,7 +31,7 @@ class Chunk:
 
     schema: TableSchema
     key: tuple[str, ...]  # () = rows are matched by every column (tables without a key)
-    rows: list[dict[str, Any]]
+    rows: list[dict[str, Any]]  # as the `r` changes they become: {"after": row}
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def surviving(chunk: Chunk, changed: Sequence[dict[str, Any]]) -> list[dict[str,
     if not changed:
         return chunk.rows  # the usual case: no key to compute per row
     touched = {row_key(image, chunk.key) for image in changed}
-    return [row for row in chunk.rows if row_key(row, chunk.key) not in touched]
+    return [row for row in chunk.rows if row_key(row["after"], chunk.key) not in touched]
 
 
 Emit = Callable[[TableSchema, list[dict[str, Any]]], int | None]

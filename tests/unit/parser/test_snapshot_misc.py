@@ -223,7 +223,7 @@ def test_snapshot_rows_are_op_r_at_the_high_watermark_inside_its_transaction() -
     a = asm()
     a.gtid("0-1-6", 0, False, F, 100)
     a.query("BEGIN", "", F, 140, 180, TS)
-    chunk: list[dict[str, Any]] = [{"id": 1, "note": "a"}, {"id": 2, "note": None}]
+    chunk: list[dict[str, Any]] = [{"after": {"id": 1, "note": "a"}}, {"after": {"id": 2, "note": None}}]
     assert a.snapshot(T, chunk, F, 200, TS) == []  # held back like every message until the commit
     (msg,) = a.commit(F, 300)
     e = env(msg)
@@ -246,7 +246,7 @@ def test_snapshot_is_ordered_with_the_other_messages_of_its_transaction() -> Non
     a.gtid("0-1-6", 0, False, F, 100)
     a.query("BEGIN", "", F, 140, 180, TS)
     out = a.rows("i", T, [{"after": {"id": 9, "note": "n"}}], F, 200, TS)
-    out += a.snapshot(T, [{"id": 1, "note": "a"}], F, 300, TS)
+    out += a.snapshot(T, [{"after": {"id": 1, "note": "a"}}], F, 300, TS)
     out += a.commit(F, 400)
     assert [(m.op, m.last) for m in out] == [("i", False), ("r", True)]
     assert [env(m)["txn"]["i"] for m in out] == [0, 1]  # type: ignore[index]
@@ -254,7 +254,7 @@ def test_snapshot_is_ordered_with_the_other_messages_of_its_transaction() -> Non
 
 def test_snapshot_outside_a_transaction_is_a_decode_error() -> None:
     with pytest.raises(DecodeError, match="outside a transaction"):
-        asm().snapshot(T, [{"id": 1, "note": "a"}], F, 200, TS)
+        asm().snapshot(T, [{"after": {"id": 1, "note": "a"}}], F, 200, TS)
 
 
 def test_ddl_on_an_ignored_table_is_dropped_from_a_multi_table_statement() -> None:

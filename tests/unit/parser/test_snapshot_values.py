@@ -10,7 +10,15 @@ import pytest
 
 from services.parser import values as v
 from services.parser.columns import Column, build_column
-from services.parser.snapshot.values import row_decoder, text_decoder_for
+from services.parser.snapshot.catalog import key_param
+from services.parser.snapshot.values import (
+    block_size,
+    nbytes,
+    reads_unicode,
+    row_decoder,
+    row_size_check,
+    text_decoder_for,
+)
 from services.parser.values import ColumnType, DecodeStats, decoder_for
 from shared.errors import DecodeError
 from tests.unit.parser.test_values import (
@@ -301,7 +309,7 @@ def test_row_decoder_maps_columns_in_order_and_null_to_none() -> None:
     )
     stats = DecodeStats()
     decode = row_decoder(columns, stats)
-    got = decode((b"7", b"caf\xe9", b"0000-00-00 00:00:00", b"", b"\x00", b"1.1"))
+    got = decode((7, b"caf\xe9", b"0000-00-00 00:00:00", b"", b"\x00", b"1.1"))  # ints come parsed
     assert got == {"id": 7, "note": "caf\u00e9", "at": None, "tags": [], "bin": b"\x00", "f": 1.1}
     assert list(got) == ["id", "note", "at", "tags", "bin", "f"]
     assert stats.zero_dates == 1
@@ -311,14 +319,14 @@ def test_row_decoder_maps_columns_in_order_and_null_to_none() -> None:
 
 def test_row_decoder_treats_empty_values_as_values_not_null() -> None:
     decode = row_decoder((col(v.VARCHAR, name="s", collation=UTF8, length=4), col(v.LONG, name="n")), DecodeStats())
-    assert decode((b"", b"0")) == {"s": "", "n": 0}
+    assert decode((b"", 0)) == {"s": "", "n": 0}
 
 
 def test_row_decoder_with_odd_column_names() -> None:
     names = ["a'b", 'q"uote', "new\nline", "x}y", "d0", "k0", "r"]
     columns = tuple(col(v.LONG, name=n) for n in names)
     decode = row_decoder(columns, DecodeStats())
-    assert decode(tuple(str(i).encode() for i in range(len(names)))) == {n: i for i, n in enumerate(names)}
+    assert decode(tuple(range(len(names)))) == {n: i for i, n in enumerate(names)}
 
 
 def test_row_decoder_of_no_columns() -> None:
@@ -332,7 +340,7 @@ def test_row_decoder_equals_the_binlog_row() -> None:
         col(v.TIMESTAMP2, name="ts", fsp=3), col(v.ENUM, name="e", collation=UTF8, length=1, members=("p", "q")),
         col(v.BIT, name="flags", length=8), col(v.YEAR, name="y", unsigned=True),
     )
-    select = (b"-5", b"3.10", b"2001-09-09 01:46:40.250", b"q", b"\x15", b"0000")
+    select = (-5, b"3.10", b"2001-09-09 01:46:40.250", b"q", b"\x15", 0)  # as the snapshot connection parses them
     images = (struct.pack("<i", -5), decimal_bin("3.10", 10, 2), timestamp2_bin(1_000_000_000, 250_000, 3),
               b"\x02", b"\x15", b"\x00")
     stats = DecodeStats()
@@ -340,3 +348,59 @@ def test_row_decoder_equals_the_binlog_row() -> None:
     from_binlog = {c.name: binlog(c, data) for c, data in zip(columns, images, strict=True)}
     assert from_select == from_binlog
     assert from_select["ts"] == "2001-09-09T01:46:40.250Z"
+
+
+def test_row_decoder_with_unicode_text_wraps_the_row_as_a_change_and_equals_the_bytes_path() -> None:
+    """A table of UTF-8 text: asyncmy hands str (binary strings, BIT and GEOMETRY stay bytes)."""
+    columns = (
+        col(v.LONG, name="id"), col(v.NEWDECIMAL, name="amount", precision=10, scale=2),
+        col(v.DATETIME2, name="at", fsp=3), col(v.TIMESTAMP2, name="ts", fsp=0), col(v.DATE, name="day"),
+        col(v.VARCHAR, name="note", collation=UTF8, length=40), col(v.ENUM, name="e", collation=UTF8, length=1,
+                                                                   members=("p", "q")),
+        col(v.SET, name="tags", collation=UTF8, length=1, members=("x", "y")), col(v.BIT, name="flags", length=8),
+        col(v.VARCHAR, name="bin", collation="binary", length=8), col(v.FLOAT, name="f"), col(v.TIME2, name="t"),
+        col(v.JSON, name="doc", length=4), col(v.DOUBLE, name="d"),
+    )
+    assert reads_unicode(columns)
+    as_bytes = (7, b"3.10", b"2001-09-09 01:46:40.250", b"0000-00-00 00:00:00", b"2020-02-29", "é😀".encode(),
+                b"q", b"x,y", b"\x15", b"\xff\x00", b"1.1", b"-01:02:03", b'{"b": 1, "a": "\xc3\xa9"}', 0.5)
+    as_str = (7, "3.10", "2001-09-09 01:46:40.250", "0000-00-00 00:00:00", "2020-02-29", "é😀", "q", "x,y",
+              b"\x15", b"\xff\x00", "1.1", "-01:02:03", '{"b": 1, "a": "é"}', 0.5)
+    raw_stats, uni_stats = DecodeStats(), DecodeStats()
+    from_bytes = row_decoder(columns, raw_stats)(as_bytes)
+    from_str = row_decoder(columns, uni_stats, unicode=True, wrap="after")(as_str)
+    assert from_str == {"after": from_bytes}
+    assert from_bytes["at"] == "2001-09-09T01:46:40.250" and from_bytes["ts"] is None
+    assert from_bytes["tags"] == ["x", "y"] and from_bytes["flags"] == 0x15
+    assert from_bytes["doc"] == '{"b": 1, "a": "é"}'
+    assert raw_stats.zero_dates == uni_stats.zero_dates == 1
+    nulls = row_decoder(tuple(c for c in columns if c.nullable), DecodeStats(), unicode=True)
+    assert set(nulls((None,) * len([c for c in columns if c.nullable])).values()) == {None}
+
+
+def test_only_tables_whose_text_is_all_utf8_are_read_as_unicode() -> None:
+    utf8 = col(v.VARCHAR, name="a", collation=UTF8, length=4)
+    assert reads_unicode((col(v.LONG), col(v.BLOB, collation="binary", length=2), utf8))
+    assert not reads_unicode((utf8, col(v.VARCHAR, name="b", collation=LATIN1, length=4)))
+    assert not reads_unicode((col(v.ENUM, collation=LATIN1, length=1, members=("a",)),))
+
+
+def test_block_size_measures_utf8_bytes_and_bounds_the_largest_row() -> None:
+    columns = (col(v.LONG, name="id"), col(v.BLOB, name="t", collation=UTF8, length=4),
+               col(v.BLOB, name="b", collation="binary", length=4))
+    fixed, long = row_size_check(columns, 100) or (0, ())
+    assert long == (1, 2)
+    rows = [(1, "ab", b"x" * 10), (2, "é" * 5, None), (3, "", b"")]
+    assert [nbytes(x) for x in ("ab", "é" * 5, b"\xff")] == [2, 10, 1]
+    total, largest = block_size(rows, fixed, long)
+    assert total == 3 * fixed + 2 + 10 + 10
+    assert largest == fixed + 10 + 10  # no row is larger (the sum of each column's largest)
+
+
+def test_key_param_takes_what_the_connection_made_of_a_key() -> None:
+    assert key_param(col(v.LONG), 5) == 5
+    assert key_param(col(v.VARCHAR, collation=UTF8, length=8), "é") == "é"
+    assert key_param(col(v.VARCHAR, collation=LATIN1, length=8), b"caf\xe9") == "café"
+    assert key_param(col(v.NEWDECIMAL, precision=5, scale=2), "1.50") == "1.50"
+    assert key_param(col(v.NEWDECIMAL, precision=5, scale=2), b"1.50") == "1.50"
+    assert key_param(col(v.VARCHAR, collation="binary", length=8), b"\x00") == b"\x00"

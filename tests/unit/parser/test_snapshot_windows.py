@@ -30,7 +30,7 @@ def row(i: int, val: str = "x") -> dict[str, Any]:
 
 
 def chunk(*ids: int, key: tuple[str, ...] = ("id",)) -> Chunk:
-    return Chunk(T, key, [row(i) for i in ids])
+    return Chunk(T, key, [ins(row(i)) for i in ids])
 
 
 def mark(win: str, m: str, src: str = SRC, slot: int = 0) -> dict[str, Any]:
@@ -116,13 +116,13 @@ def test_set_values_are_hashable_in_keys() -> None:
 
 def test_surviving_drops_every_touched_key_and_keeps_chunk_order() -> None:
     c = chunk(5, 1, 3, 2)
-    assert surviving(c, [row(3, "new"), row(9)]) == [row(5), row(1), row(2)]
+    assert surviving(c, [row(3, "new"), row(9)]) == [ins(row(5)), ins(row(1)), ins(row(2))]
     assert surviving(c, []) == c.rows
 
 
 def test_surviving_with_a_set_typed_key() -> None:
-    c = Chunk(T, ("tags",), [{"id": 1, "tags": ["a"]}, {"id": 2, "tags": ["a", "b"]}])
-    assert surviving(c, [{"id": 7, "tags": ["a", "b"]}]) == [{"id": 1, "tags": ["a"]}]
+    c = Chunk(T, ("tags",), [ins({"id": 1, "tags": ["a"]}), ins({"id": 2, "tags": ["a", "b"]})])
+    assert surviving(c, [{"id": 7, "tags": ["a", "b"]}]) == [ins({"id": 1, "tags": ["a"]})]
 
 
 # -- what survives at H ----------------------------------------------------------------------------
@@ -148,7 +148,7 @@ def test_rows_changed_between_the_watermarks_are_dropped(h: Harness, change: dic
     assert out == Outcome(emitted=len(kept), scn=SCN)
     ((schema, rows),) = h.emitted
     assert schema is T
-    assert rows == [row(i) for i in kept]
+    assert rows == [ins(row(i)) for i in kept]
 
 
 def test_several_events_and_rows_accumulate(h: Harness) -> None:
@@ -159,19 +159,19 @@ def test_several_events_and_rows_accumulate(h: Harness) -> None:
     h.w.fill("w1", chunk(1, 2, 3, 4))
     h.marks(mark("w1", HIGH))
     assert h.outcome() == Outcome(emitted=1, scn=SCN)
-    assert h.emitted[0][1] == [row(4)]
+    assert h.emitted[0][1] == [ins(row(4))]
 
 
 def test_changes_before_the_low_watermark_are_ignored(h: Harness) -> None:
     out = h.run(chunk(1, 2, 3), [], before=[upd(row(1), row(1, "y")), dele(row(2)), ins(row(3))])
     assert out == Outcome(emitted=3, scn=SCN)
-    assert h.emitted[0][1] == [row(1), row(2), row(3)]
+    assert h.emitted[0][1] == [ins(row(1)), ins(row(2)), ins(row(3))]
 
 
 def test_changes_after_the_high_watermark_do_not_matter(h: Harness) -> None:
     h.run(chunk(1, 2), [])
     h.w.on_rows("shop", "orders", [dele(row(1))])  # window already closed: no error, no effect
-    assert h.emitted[0][1] == [row(1), row(2)]
+    assert h.emitted[0][1] == [ins(row(1)), ins(row(2))]
 
 
 @pytest.mark.parametrize(("db", "table"), [("shop", "other"), ("other", "orders")])
@@ -194,7 +194,7 @@ def test_windows_of_different_tables_only_see_their_own_changes(h: Harness) -> N
     h.w.fill("b", chunk(1, 2))
     h.marks(mark("a", HIGH), mark("b", HIGH))
     assert h.outcome("a") == h.outcome("b") == Outcome(emitted=1, scn=SCN)
-    assert [rows for _, rows in h.emitted] == [[row(2)], [row(1)]]
+    assert [rows for _, rows in h.emitted] == [[ins(row(2))], [ins(row(1))]]
 
 
 # -- watermark rows ------------------------------------------------------------------------------
@@ -345,12 +345,12 @@ def test_both_closes_the_slots_window_and_opens_the_next(h: Harness) -> None:
     h.open("w2")
     h.marks(mark("w2", BOTH))
     assert h.outcome("w1") == Outcome(emitted=1, scn=SCN)
-    assert [r for _, rows in h.emitted for r in rows] == [row(1)]
+    assert [r for _, rows in h.emitted for r in rows] == [ins(row(1))]
     h.w.on_rows("shop", "orders", [upd(row(3), row(3, "y"))])  # after B: only chunk 2's window sees it
     h.w.fill("w2", chunk(3, 4))
     h.marks(mark("w2", HIGH))
     assert h.outcome("w2") == Outcome(emitted=1, scn=SCN)
-    assert [r for _, rows in h.emitted for r in rows] == [row(1), row(4)]
+    assert [r for _, rows in h.emitted for r in rows] == [ins(row(1)), ins(row(4))]
     assert not h.w.active
 
 
@@ -383,27 +383,27 @@ def test_both_for_a_closed_window_still_closes_the_one_before(h: Harness) -> Non
 
 def test_keyless_chunk_changed_between_the_watermarks_is_read_again(h: Harness) -> None:
     """Identical rows cannot be told apart without a key: any change in the window means a re-read."""
-    c = Chunk(T, (), [row(1, "a"), row(1, "a"), row(2, "a")])
+    c = Chunk(T, (), [ins(row(1, "a")), ins(row(1, "a")), ins(row(2, "a"))])
     out = h.run(c, [upd(row(1, "a"), row(1, "c"))])
     assert out.retry and "no key" in out.retry
     assert h.emitted == []
 
 
 def test_keyless_chunk_without_changes_is_emitted_whole(h: Harness) -> None:
-    c = Chunk(T, (), [{"id": 1, "tags": ["a", "b"]}, {"id": 1, "tags": ["a"]}])
+    c = Chunk(T, (), [ins({"id": 1, "tags": ["a", "b"]}), ins({"id": 1, "tags": ["a"]})])
     out = h.run(c, [])
     assert out == Outcome(emitted=2, scn=SCN)
 
 
 def test_keyless_chunk_with_changes_to_rows_it_did_not_read_is_emitted_whole(h: Harness) -> None:
-    c = Chunk(T, (), [row(1, "a"), row(2, "b")])
+    c = Chunk(T, (), [ins(row(1, "a")), ins(row(2, "b"))])
     out = h.run(c, [ins(row(3, "c")), upd(row(4, "d"), row(4, "e")), dele(row(1, "zz"))])
     assert out == Outcome(emitted=2, scn=SCN)
 
 
 def test_surviving_matches_keyless_rows_by_whole_image() -> None:
-    c = Chunk(T, (), [row(1, "a"), row(1, "b"), {"id": 1, "tags": ["a"]}])
-    assert surviving(c, [row(1, "a"), {"id": 1, "tags": ["a"]}]) == [row(1, "b")]
+    c = Chunk(T, (), [ins(row(1, "a")), ins(row(1, "b")), ins({"id": 1, "tags": ["a"]})])
+    assert surviving(c, [row(1, "a"), {"id": 1, "tags": ["a"]}]) == [ins(row(1, "b"))]
 
 
 # -- outcomes and the active flag --------------------------------------------------------------
@@ -412,7 +412,7 @@ def test_surviving_matches_keyless_rows_by_whole_image() -> None:
 def test_emit_gets_the_schema_and_surviving_rows_and_outcome_carries_count_and_scn(h: Harness) -> None:
     out = h.run(chunk(1, 2, 3), [dele(row(2))])
     assert out == Outcome(emitted=2, scn=SCN, retry=None)
-    assert h.emitted == [(T, [row(1), row(3)])]
+    assert h.emitted == [(T, [ins(row(1)), ins(row(3))])]
 
 
 def test_emit_may_return_no_scn() -> None:
