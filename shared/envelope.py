@@ -121,6 +121,44 @@ def decode(data: bytes) -> Envelope:
     return _checked(env)
 
 
+class Decoder:
+    """`decode` for a reader of many messages per table: a schema it decoded before is not
+    decoded again.
+
+    `encode` writes the schema as the last entry of the map, so a message that ends with the
+    bytes of the schema the last message under the same key (its subject) ended with is decoded
+    without them, and gets the schema decoded then (one object shared by those envelopes: do
+    not change it in place). msgpack values delimit themselves, so the rest decodes as a map of
+    one entry less, with nothing left over, only if those bytes are exactly its last entry; any
+    other message is decoded whole. Either way the result equals `decode(data)`.
+    """
+
+    def __init__(self, keys: int = 1024) -> None:
+        self._keys = keys
+        self._last: dict[str, tuple[bytes, Any]] = {}  # key -> (b"schema" entry as packed, its value)
+
+    def decode(self, data: bytes, key: str) -> Envelope:
+        last = self._last.get(key)
+        if last is not None and len(data) > len(last[0]) and 0x81 <= data[0] <= 0x8F and data.endswith(last[0]):
+            try:
+                env = msgpack.unpackb(bytes((data[0] - 1,)) + data[1:len(data) - len(last[0])], raw=False,
+                                      strict_map_key=False)
+            except Exception:  # msgpack raises several unrelated types
+                env = None
+            if isinstance(env, dict):
+                env["schema"] = last[1]
+                return _checked(env)
+        out = decode(data)
+        schema = out.get("schema")
+        if isinstance(schema, dict):
+            entry = _SCHEMA_KEY + _packb(schema)
+            if data.endswith(entry):
+                if len(self._last) >= self._keys and key not in self._last:
+                    self._last.clear()
+                self._last[key] = (entry, schema)
+        return out
+
+
 def _checked(env: Any) -> Envelope:
     if not isinstance(env, dict):
         raise EnvelopeError(f"envelope is a {type(env).__name__}, expected a map")

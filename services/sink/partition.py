@@ -67,6 +67,7 @@ class PartitionWorker:
         self._key = keys.partition_cursor(settings.source, settings.partition)
         self._table_rules: dict[tuple[str, str], tuple[bool, TableRules]] = {}
         self._checked_schemas: set[str] = set()
+        self._decoder = envelope.Decoder()
         self._cursor = 0
         self._seen = 0  # every message of this partition up to this raw sequence is handled
         self._unverified: int | None = None  # where a jump not yet checked against retention began
@@ -175,8 +176,9 @@ class PartitionWorker:
 
     def _transform(self, m: Msg, data: bytes, seq: int, *, resolved: bool = False) -> Out | None:
         # Fully decoded even when only routed: what reaches BINLAKE_CDC is a valid envelope, its
-        # strings valid UTF-8 (a check that skipping the rows would lose).
-        env = envelope.as_dict(envelope.decode(data))
+        # strings valid UTF-8 (a check that skipping the rows would lose). Only a schema decoded
+        # before is not decoded again.
+        env = envelope.as_dict(envelope.decode(data) if resolved else self._decoder.decode(data, m.subject))
         if objects.REF in env:
             raise envelope.EnvelopeError("an object reference without its Binlake-Object header")
         db, table = env.get("db"), env.get("table")

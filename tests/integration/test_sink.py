@@ -13,7 +13,7 @@ import pytest
 from nats.js.api import DiscardPolicy
 
 from shared import objects
-from shared.subjects import Names
+from shared.subjects import DEFAULT_PARTITIONS, Names
 from tests.integration.support import (
     ServiceProcess,
     StoredMsg,
@@ -215,13 +215,16 @@ def test_hostile_raw_messages_go_to_dead_letters_and_never_crash_the_worker(mari
     mariadb.execute(f"CREATE TABLE `{db}`.q (id INT PRIMARY KEY)", f"INSERT INTO `{db}`.q VALUES (1)")
     sink = sink_factory("s")
     wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) == 1, 30, "the first row")
-    real = row_changes(read_stream_sync(nats_url), db)[0].env
+    first = row_changes(read_stream_sync(nats_url), db)[0]
+    real = first.env
     names = Names()
     # An envelope naming another table than its subject, and a subject no parser writes (it has
-    # too many tokens, so the stream stores it untransformed, inside partition 5's filter).
+    # too many tokens, so the stream stores it untransformed, inside another partition's filter:
+    # the liar halts its own).
     liar = {**real, "table": "other", "scn": real["scn"] + 7}
+    other = (int(first.subject.split(".")[3]) + 1) % DEFAULT_PARTITIONS
     asyncio.run(_publish_raw(nats_url, names.raw("main", db, "q"), msgpack.packb(liar), "hostile-1"))
-    asyncio.run(_publish_raw(nats_url, "binlake.raw.main.5.a.b.c", msgpack.packb(real), "hostile-2"))
+    asyncio.run(_publish_raw(nats_url, f"binlake.raw.main.{other}.a.b.c", msgpack.packb(real), "hostile-2"))
     dlq = wait_until(lambda: (d := read_stream_sync(nats_url, "BINLAKE_DLQ")) and len(d) >= 2 and d, 30,
                      "two dead letters")
     reasons = sorted(m.headers["Binlake-Dlq-Reason"] for m in dlq)

@@ -52,29 +52,30 @@ def _valid(raw: bytes) -> bool:
 _SEEN_DATES = 65_536  # dates remembered as valid per column (a chunk's dates repeat)
 
 
-def _temporal(stats: v.DecodeStats, zone: str, unicode: bool) -> TextDecoder:
-    """DATE, DATETIME and TIMESTAMP: `YYYY-MM-DD[ hh:mm:ss[.f]]` in ISO form, invalid dates null."""
-    seen: set[Any] = set()
+class _Temporal:
+    """DATE, DATETIME and TIMESTAMP: `YYYY-MM-DD[ hh:mm:ss[.f]]` in ISO form, invalid dates null.
 
-    def check(day: Any) -> bool:  # the calendar check once per date, not once per value
-        if not _valid(day.encode("ascii") if unicode else day):
-            stats.zero_dates += 1
-            return False
-        if len(seen) >= _SEEN_DATES:
-            seen.clear()
-        seen.add(day)
-        return True
+    The calendar check runs once per date (`seen`), not once per value; `row_decoder` inlines
+    `iso` for dates already seen and calls the decoder only for the others.
+    """
 
-    if unicode:
-        def decode_str(raw: str) -> Any:
-            return raw.replace(" ", "T") + zone if raw[:10] in seen or check(raw[:10]) else None
+    def __init__(self, stats: v.DecodeStats, zone: str, unicode: bool) -> None:
+        self.stats, self.zone, self.unicode = stats, zone, unicode
+        self.seen: set[Any] = set()
+        self.iso = ('x.replace(" ", "T")' if unicode else 'x.decode("ascii").replace(" ", "T")') + \
+            (f" + {zone!r}" if zone else "")  # an expression of the value `x`
 
-        return decode_str
-
-    def decode(raw: bytes) -> Any:
-        return raw.decode("ascii").replace(" ", "T") + zone if raw[:10] in seen or check(raw[:10]) else None
-
-    return decode
+    def __call__(self, raw: Any) -> str | None:
+        day = raw[:10]
+        if day not in self.seen:
+            if not _valid(day.encode("ascii") if self.unicode else day):
+                self.stats.zero_dates += 1
+                return None
+            if len(self.seen) >= _SEEN_DATES:
+                self.seen.clear()
+            self.seen.add(day)
+        text = raw if self.unicode else raw.decode("ascii")
+        return f"{text.replace(' ', 'T')}{self.zone}"
 
 
 def _text(encoding: str) -> TextDecoder:
@@ -136,9 +137,9 @@ def text_decoder_for(col: Column, stats: v.DecodeStats, *, unicode: bool = False
     if code in (v.NEWDECIMAL, v.TIME, v.TIME2):
         return _same if unicode else _ascii
     if code in (v.DATE, v.DATETIME, v.DATETIME2):
-        return _temporal(stats, "", unicode)
+        return _Temporal(stats, "", unicode)
     if code in (v.TIMESTAMP, v.TIMESTAMP2):
-        return _temporal(stats, "Z", unicode)  # the snapshot session runs with time_zone = '+00:00'
+        return _Temporal(stats, "Z", unicode)  # the snapshot session runs with time_zone = '+00:00'
     if code in _TEXT_CODES:
         return _same if unicode or not col.ctype.encoding else _text(col.ctype.encoding)
     if code == v.ENUM:
@@ -169,10 +170,14 @@ def row_decoder(columns: tuple[Column, ...], stats: v.DecodeStats, *, unicode: b
     for i, col in enumerate(columns):
         scope[f"k{i}"] = col.name
         decoder = _same if col.ctype.code in RESULT_CONVERSIONS else text_decoder_for(col, stats, unicode=unicode)
+        scope[f"d{i}"] = decoder
         if decoder is _same:
             value = f"r[{i}]"
+        elif isinstance(decoder, _Temporal):  # a date seen before needs no call
+            scope[f"s{i}"] = decoder.seen
+            value = f"({decoder.iso} if (x := r[{i}])[:10] in s{i} else d{i}(x))"
+            value = value if not col.nullable else f"None if r[{i}] is None else {value}"
         else:
-            scope[f"d{i}"] = decoder
             value = f"d{i}(r[{i}])" if not col.nullable else f"None if (x := r[{i}]) is None else d{i}(x)"
         items.append(f"k{i}: {value}")
     row = f"{{{', '.join(items)}}}"
@@ -224,7 +229,11 @@ def block_size(rows: list[tuple[Any, ...]], fixed: int, long: tuple[int, ...]) -
     an upper bound of the largest row, the sum of each long column's largest value)."""
     total, largest = fixed * len(rows), fixed
     for i in long:
-        sizes = list(map(nbytes, filter(None, map(operator.itemgetter(i), rows))))
+        values = list(filter(None, map(operator.itemgetter(i), rows)))
+        if not values:
+            continue
+        ascii_only = isinstance(values[0], bytes) or all(map(str.isascii, values))  # one type per column
+        sizes = list(map(len if ascii_only else nbytes, values))
         if sizes:
             total += sum(sizes)
             largest += max(sizes)

@@ -126,3 +126,63 @@ def test_headers_without_table_gtid_or_rows():
     del f["rows"]
     h = envelope.headers(f, "src:9:hb1")
     assert (h["Binlake-Table"], h["Binlake-Pos"], h["Binlake-Rows"], h["Binlake-Op"]) == ("", "f.000001:4", "0", "hb")
+
+
+# -- Decoder: a schema decoded before is not decoded again ---------------------------------------------
+
+
+def _decoded_alike(decoder: envelope.Decoder, data: bytes, key: str = "k") -> Any:
+    """What the decoder gives, checked against a whole decode (or the same error)."""
+    try:
+        want: Any = envelope.decode(data)
+    except EnvelopeError as exc:
+        with pytest.raises(EnvelopeError) as got:
+            decoder.decode(data, key)
+        assert str(got.value) == str(exc)
+        return None
+    got_env = decoder.decode(data, key)
+    assert got_env == want
+    return got_env
+
+
+def test_decoder_reuses_the_schema_of_the_last_message_under_the_same_key() -> None:
+    d = envelope.Decoder()
+    packed = envelope.pack_schema(SCHEMA)
+    first = _decoded_alike(d, envelope.encode(fields(), packed))
+    second = _decoded_alike(d, envelope.encode(fields(rows=[{"after": {"id": 2}}]), packed))
+    assert second["schema"] is first["schema"]  # decoded once
+    other = _decoded_alike(d, envelope.encode(fields(), envelope.pack_schema({**SCHEMA, "id": "x"})))
+    assert other["schema"]["id"] == "x"  # another schema under the key: decoded whole, remembered
+    assert _decoded_alike(d, envelope.encode(fields(), packed), key="other")["schema"] == SCHEMA
+
+
+@pytest.mark.parametrize("case", ["schema-first", "no-schema", "schema-in-a-row", "two-schemas", "truncated",
+                                  "trailing", "map16", "not-a-map", "schema-only", "row-ends-like-schema"])
+def test_decoder_equals_a_whole_decode_on_odd_and_hostile_messages(case: str) -> None:
+    d = envelope.Decoder()
+    packed = envelope.pack_schema(SCHEMA)
+    entry = msgpack.packb("schema") + packed
+    _decoded_alike(d, envelope.encode(fields(), packed))  # remembered: the next ones end like it, or nearly
+    data = {
+        "schema-first": packb({"schema": SCHEMA, **fields()}),
+        "no-schema": envelope.encode(fields()),
+        "schema-in-a-row": envelope.encode(fields(rows=[{"after": {"schema": SCHEMA}}])),
+        "two-schemas": envelope.encode({"schema": {"id": "first"}, **fields()}, packed),
+        "truncated": envelope.encode(fields(), packed)[:-1],
+        "trailing": envelope.encode(fields(), packed) + b"\x00",
+        "map16": packb({**fields(), **{f"x{i}": i for i in range(8)}, "schema": SCHEMA}),
+        "not-a-map": packb([1, 2]) + entry,
+        "schema-only": bytes((0x81,)) + entry,
+        # A row value whose bytes end like the schema entry: the rest does not decode as a map
+        # of one entry less, so the message is decoded whole.
+        "row-ends-like-schema": packb({**fields(rows=[{"after": {"blob": b"x" * 3 + entry}}])}),
+    }[case]
+    _decoded_alike(d, data)
+    _decoded_alike(d, envelope.encode(fields(), packed))
+
+
+def test_decoder_forgets_keys_past_its_limit() -> None:
+    d = envelope.Decoder(keys=2)
+    packed = envelope.pack_schema(SCHEMA)
+    for key in ("a", "b", "c", "a"):
+        assert d.decode(envelope.encode(fields(), packed), key)["schema"] == SCHEMA
