@@ -109,7 +109,7 @@ def encode(fields: Mapping[str, Any], packed_schema: bytes | None = None) -> byt
     if n >= 15 or data[0] != 0x80 | n:
         return _packb({**fields, "schema": msgpack.unpackb(packed_schema)})
     # A fixmap header holds the entry count, so appending one entry is a header bump.
-    return bytes((0x80 | (n + 1),)) + data[1:] + _SCHEMA_KEY + packed_schema
+    return b"".join((bytes((0x80 | (n + 1),)), memoryview(data)[1:], _SCHEMA_KEY, packed_schema))  # one copy
 
 
 def decode(data: bytes) -> Envelope:
@@ -141,8 +141,8 @@ class Decoder:
         last = self._last.get(key)
         if last is not None and len(data) > len(last[0]) and 0x81 <= data[0] <= 0x8F and data.endswith(last[0]):
             try:
-                env = msgpack.unpackb(bytes((data[0] - 1,)) + data[1:len(data) - len(last[0])], raw=False,
-                                      strict_map_key=False)
+                rest = b"".join((bytes((data[0] - 1,)), memoryview(data)[1:len(data) - len(last[0])]))
+                env = msgpack.unpackb(rest, raw=False, strict_map_key=False)
             except Exception:  # msgpack raises several unrelated types
                 env = None
             if isinstance(env, dict):

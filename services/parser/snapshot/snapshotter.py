@@ -39,7 +39,7 @@ from services.parser.snapshot.catalog import (
     list_tables,
     placeholder,
 )
-from services.parser.snapshot.values import block_size, nbytes, reads_unicode, row_decoder, row_size_check
+from services.parser.snapshot.values import block_decoder, block_size, nbytes, reads_unicode, row_size_check
 from services.parser.snapshot.watermarks import Watermarks, connect, read_unicode
 from services.parser.snapshot.windows import BOTH, HIGH, LOW, Chunk, Outcome, Windows
 from services.parser.values import DecodeStats
@@ -486,7 +486,7 @@ class Snapshotter:
                         limit=self.cfg.snapshot_chunk_rows, placeholders=tuple(placeholder(c) for _, c in key_cols))
         params = keyset_params(tuple(last_key)) if last_key is not None else []
         unicode = reads_unicode(schema.columns)
-        decode = row_decoder(schema.columns, self.stats, unicode=unicode, wrap="after")
+        decode = block_decoder(schema.columns, self.stats, unicode=unicode, wrap="after")
         bound = row_size_check(schema.columns, self.max_row_bytes)
         # Rows that could add up to more than the chunk's bytes are measured; a keyless table is read whole.
         per_row = row_size_check(schema.columns, self.cfg.snapshot_chunk_bytes // self.cfg.snapshot_chunk_rows) \
@@ -501,7 +501,7 @@ class Snapshotter:
             while many := await cur.fetchmany(step):  # one await per block of rows, not per row
                 if bound is not None:
                     self._check_sizes(schema, many, bound)
-                rows.extend(map(decode, many))
+                rows.extend(decode(many))
                 raw = many[-1]
                 if per_row is not None:
                     total, largest = block_size(many, *per_row)

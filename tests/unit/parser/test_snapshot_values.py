@@ -12,6 +12,7 @@ from services.parser import values as v
 from services.parser.columns import Column, build_column
 from services.parser.snapshot.catalog import key_param
 from services.parser.snapshot.values import (
+    block_decoder,
     block_size,
     nbytes,
     reads_unicode,
@@ -370,6 +371,8 @@ def test_row_decoder_with_unicode_text_wraps_the_row_as_a_change_and_equals_the_
     from_bytes = row_decoder(columns, raw_stats)(as_bytes)
     from_str = row_decoder(columns, uni_stats, unicode=True, wrap="after")(as_str)
     assert from_str == {"after": from_bytes}
+    block = block_decoder(columns, DecodeStats(), unicode=True, wrap="after")
+    assert block([as_str, as_str]) == [from_str, from_str] and block([]) == []
     assert from_bytes["at"] == "2001-09-09T01:46:40.250" and from_bytes["ts"] is None
     assert from_bytes["tags"] == ["x", "y"] and from_bytes["flags"] == 0x15
     assert from_bytes["doc"] == '{"b": 1, "a": "é"}'
