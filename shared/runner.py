@@ -19,16 +19,21 @@ from shared.logging import configure
 
 C = TypeVar("C")
 
-# Services allocate rows by the million: short-lived containers that reference counting frees
-# and no cycle holds. With the default thresholds the collector runs every 700 of them and a
-# chunk of rows kept alive for a moment triggers full scans of everything the process loaded.
-GC_THRESHOLDS = (20_000, 20, 50)
+
+# The parser and the sink allocate rows by the million: short-lived containers that reference
+# counting frees. With Python's thresholds the collector runs every 700 of them, and a chunk of
+# rows alive for a moment makes its full collections rescan everything the process loaded.
+ROW_GC_THRESHOLDS = (20_000, 20, 50)
 
 
-def tune_gc() -> None:
-    """Leave the objects of startup (modules, config) out of the collector's scans and run it less often."""
+def tune_gc_for_rows() -> None:
+    """Leave the objects of startup (modules, config) out of the garbage collector's scans and
+    run it less often. Only for processes where no cycle holds large data: a cycle per binlog
+    event (mysql-replication's, broken in `services.parser.binlog`) took the parser to 950 MiB
+    in a burst of 900 KiB rows; and not for the loader, where py4j frees a JVM object only when
+    its Python proxy is collected."""
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    gc.set_threshold(*ROW_GC_THRESHOLDS)
 
 
 def first_binlake_error(exc: BaseException) -> BinlakeError | None:
@@ -43,8 +48,10 @@ def first_binlake_error(exc: BaseException) -> BinlakeError | None:
     return None
 
 
-def run_service(service: str, load: Callable[[], C], amain: Callable[[C], Awaitable[None]]) -> None:
-    """Load the config, run `amain(config)` and turn its outcome into an exit code."""
+def run_service(service: str, load: Callable[[], C], amain: Callable[[C], Awaitable[None]], *,
+                rows_gc: bool = False) -> None:
+    """Load the config, run `amain(config)` and turn its outcome into an exit code; `rows_gc`:
+    see `tune_gc_for_rows`."""
     configure(service)
     try:
         cfg = load()
@@ -54,7 +61,8 @@ def run_service(service: str, load: Callable[[], C], amain: Callable[[C], Awaita
     level = getattr(cfg, "log_level", "info")
     configure(service, level=level)
     log = structlog.get_logger()
-    tune_gc()
+    if rows_gc:
+        tune_gc_for_rows()
     try:
         asyncio.run(amain(cfg))  # type: ignore[arg-type]
     except KeyboardInterrupt:

@@ -105,6 +105,11 @@ class BinlogReader:
                 if self._seen is not None:
                     self._seen()
                 out = self._handle(event, self._stream.log_file)
+                # mysql-replication links an event and its packet both ways: unlinked, both go (with
+                # the event's bytes) when the last reference does, not at the collector's next pass.
+                packet: Any = getattr(event, "packet", None)
+                if packet is not None and getattr(packet, "event", None) is event:
+                    packet.event = None
                 if out:
                     self._bridge.put_many(out)
                     if self._seen is not None:

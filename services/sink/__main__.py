@@ -6,7 +6,7 @@ from shared.runner import run_service
 
 
 def main() -> None:
-    run_service("sink", SinkConfig.from_env, app.main)
+    run_service("sink", SinkConfig.from_env, app.main, rows_gc=True)
 
 
 if __name__ == "__main__":

@@ -491,34 +491,36 @@ class Snapshotter:
         # Rows that could add up to more than the chunk's bytes are measured; a keyless table is read whole.
         per_row = row_size_check(schema.columns, self.cfg.snapshot_chunk_bytes // self.cfg.snapshot_chunk_rows) \
             if key_cols else None
+        measure = bound or per_row  # (fixed, long) depends on the columns only: one measurement serves both
         rows: list[dict[str, Any]] = []
         raw: tuple[Any, ...] | None = None
         size, cut, step = 0, False, 1024 if per_row is None else 1
         budget = self.cfg.snapshot_chunk_bytes
         read_unicode(conn, unicode)
-        async with conn.cursor(SSCursor) as cur:
-            await cur.execute(sql, params)
-            while many := await cur.fetchmany(step):  # one await per block of rows, not per row
-                if bound is not None:
-                    self._check_sizes(schema, many, bound)
-                rows.extend(decode(many))
-                raw = many[-1]
-                if per_row is not None:
-                    total, largest = block_size(many, *per_row)
-                    size += total
-                    if size >= budget:
-                        cut = True  # the rest of the chunk is read and dropped as the cursor closes
-                        break
-                    step = max(1, min(1024, (budget - size) // largest))  # the next block fits the budget
+        try:
+            async with conn.cursor(SSCursor) as cur:
+                await cur.execute(sql, params)
+                while many := await cur.fetchmany(step):  # one await per block of rows, not per row
+                    if measure is not None:
+                        total, largest = block_size(many, *measure)
+                        if bound is not None and largest > self.max_row_bytes:
+                            self._check_sizes(schema, many, *measure)
+                    rows.extend(decode(many))
+                    raw = many[-1]
+                    if per_row is not None:
+                        size += total
+                        if size >= budget:
+                            cut = True  # the rest of the chunk is read and dropped as the cursor closes
+                            break
+                        step = max(1, min(1024, (budget - size) // largest))  # the next block fits the budget
+        finally:
+            read_unicode(conn, False)
         if raw is None or not key_cols:
             return rows, None, cut
         return rows, [key_param(c, raw[i]) for i, c in key_cols], cut
 
-    def _check_sizes(self, schema: TableSchema, rows: list[tuple[Any, ...]],
-                     bound: tuple[int, tuple[int, ...]]) -> None:
-        fixed, long = bound
-        if block_size(rows, fixed, long)[1] <= self.max_row_bytes:
-            return  # no row is larger than the sum of the columns' largest values
+    def _check_sizes(self, schema: TableSchema, rows: list[tuple[Any, ...]], fixed: int, long: tuple[int, ...]) -> None:
+        """Fail the table at a row larger than a snapshot reads (`block_size` bounded the block above it)."""
         for raw in rows:
             if fixed + sum(nbytes(raw[i]) for i in long if raw[i]) > self.max_row_bytes:
                 raise TableFailed(str(OversizeEvent(

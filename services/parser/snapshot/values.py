@@ -55,8 +55,8 @@ _SEEN_DATES = 65_536  # dates remembered as valid per column (a chunk's dates re
 class _Temporal:
     """DATE, DATETIME and TIMESTAMP: `YYYY-MM-DD[ hh:mm:ss[.f]]` in ISO form, invalid dates null.
 
-    The calendar check runs once per date (`seen`), not once per value; `row_decoder` inlines
-    `iso` for dates already seen and calls the decoder only for the others.
+    The calendar check runs once per date (`seen`), not once per value; the generated row
+    decoders inline `iso` for dates already seen and call the decoder only for the others.
     """
 
     def __init__(self, stats: v.DecodeStats, zone: str, unicode: bool) -> None:
@@ -105,20 +105,26 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _charset_of(col: Column) -> str | None:
-    """The codec a column's value is printed in (None: bytes, or no charset at all)."""
+def _member_codec(col: Column) -> str:
+    """The codec of an ENUM's or a SET's members."""
+    return col.ctype.encoding or CODECS.get(col.charset or "", "utf-8")
+
+
+def _unicode_safe(col: Column) -> bool:
+    """Whether asyncmy's `use_unicode` reading gives this column what binlake reads: UTF-8 text
+    decoded, binary strings left bytes (the server marks those charset 63)."""
     code = col.ctype.code
     if code in _TEXT_CODES:
-        return col.ctype.encoding
-    if code in (v.ENUM, v.SET):
-        return col.ctype.encoding or CODECS.get(col.charset or "", "utf-8")
-    return None
+        return col.ctype.encoding == "utf-8" if col.ctype.encoding else col.charset == "binary"
+    if code in (v.ENUM, v.SET):  # sent as strings in the column's charset
+        return CODECS.get(col.charset or "") == "utf-8"
+    return True  # numbers, temporal values, BIT, GEOMETRY, MySQL's JSON (always UTF-8)
 
 
 def reads_unicode(columns: tuple[Column, ...]) -> bool:
     """Whether asyncmy may decode every text value of these columns as UTF-8 itself (its
-    `use_unicode`): only when each column with a charset has a UTF-8 one."""
-    return all(_charset_of(c) in (None, "utf-8") for c in columns)
+    `use_unicode`): only when each column with a charset has a UTF-8 one, or is binary."""
+    return all(map(_unicode_safe, columns))
 
 
 def text_decoder_for(col: Column, stats: v.DecodeStats, *, unicode: bool = False) -> TextDecoder:
@@ -143,9 +149,9 @@ def text_decoder_for(col: Column, stats: v.DecodeStats, *, unicode: bool = False
     if code in _TEXT_CODES:
         return _same if unicode or not col.ctype.encoding else _text(col.ctype.encoding)
     if code == v.ENUM:
-        return _same if unicode else _text(_charset_of(col) or "utf-8")
+        return _same if unicode else _text(_member_codec(col))
     if code == v.SET:
-        return _set(_charset_of(col) or "utf-8")
+        return _set(_member_codec(col))
     if code == v.BIT:
         return _bit
     if code == v.JSON:
@@ -245,8 +251,8 @@ def nbytes(value: bytes | str) -> int:
 
 
 def block_size(rows: list[tuple[Any, ...]], fixed: int, long: tuple[int, ...]) -> tuple[int, int]:
-    """Bytes of a block of SELECT rows at most, measured as `row_size_check` says: (all of them,
-    an upper bound of the largest row, the sum of each long column's largest value)."""
+    """Bytes of a block of SELECT rows at most, measured as `row_size_check` says: all of them,
+    and a bound of the largest row (at least 1): the sum of each long column's largest value."""
     total, largest = fixed * len(rows), fixed
     for i in long:
         values = list(filter(None, map(operator.itemgetter(i), rows)))
@@ -257,4 +263,4 @@ def block_size(rows: list[tuple[Any, ...]], fixed: int, long: tuple[int, ...]) -
         if sizes:
             total += sum(sizes)
             largest += max(sizes)
-    return total, largest
+    return total, max(largest, 1)

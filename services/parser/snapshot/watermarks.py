@@ -36,7 +36,8 @@ _NO_STATEMENT_LIMIT = ("SET SESSION max_statement_time = 0", "SET SESSION max_ex
 
 
 async def connect(dsn: MysqlUrl) -> Any:
-    """A connection whose SELECTs return the server's raw bytes (see snapshot.values)."""
+    """A connection whose SELECTs return the server's text values: numbers parsed, the rest bytes
+    (or UTF-8 text decoded, while `read_unicode` is on; see snapshot.values)."""
     try:
         conn = await asyncmy.connect(**dsn.asyncmy_settings(), autocommit=True, charset="utf8mb4",
                                      use_unicode=False, conv=CONVERSIONS)
@@ -59,8 +60,9 @@ async def connect(dsn: MysqlUrl) -> Any:
 
 def read_unicode(conn: Any, on: bool) -> None:
     """Whether the next SELECT's text values arrive decoded as UTF-8 by asyncmy (in C) instead
-    of as bytes: only for tables `snapshot.values.reads_unicode` allows. asyncmy reads the
-    flag for each result's column descriptions."""
+    of as bytes: only for tables `snapshot.values.reads_unicode` allows. asyncmy (0.2) reads this
+    private flag for each text-protocol result's column descriptions; its prepared statements,
+    which this connection does not use, would keep what they saw first."""
     conn._use_unicode = on
 
 

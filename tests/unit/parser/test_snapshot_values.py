@@ -386,6 +386,12 @@ def test_only_tables_whose_text_is_all_utf8_are_read_as_unicode() -> None:
     assert reads_unicode((col(v.LONG), col(v.BLOB, collation="binary", length=2), utf8))
     assert not reads_unicode((utf8, col(v.VARCHAR, name="b", collation=LATIN1, length=4)))
     assert not reads_unicode((col(v.ENUM, collation=LATIN1, length=1, members=("a",)),))
+    # asyncmy would leave these bytes (charset 63) or decode them as UTF-8 where binlake does not.
+    assert not reads_unicode((col(v.ENUM, collation="binary", length=1, members=("a",)),))
+    assert not reads_unicode((col(v.VARCHAR, collation="dec8_swedish_ci", length=4),))  # a charset without a codec
+    assert not reads_unicode((col(v.VARCHAR, length=4),))  # no collation known
+    assert reads_unicode((col(v.SET, collation="utf8mb3_general_ci", length=1, members=("a",)), col(v.BIT, length=1),
+                          col(v.GEOMETRY, length=4), col(v.JSON, length=4)))
 
 
 def test_block_size_measures_utf8_bytes_and_bounds_the_largest_row() -> None:
@@ -398,6 +404,7 @@ def test_block_size_measures_utf8_bytes_and_bounds_the_largest_row() -> None:
     total, largest = block_size(rows, fixed, long)
     assert total == 3 * fixed + 2 + 10 + 10
     assert largest == fixed + 10 + 10  # no row is larger (the sum of each column's largest)
+    assert block_size([(1, "", None)], 0, long) == (0, 1)  # a bound that can divide a budget
 
 
 def test_key_param_takes_what_the_connection_made_of_a_key() -> None:
