@@ -14,6 +14,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import nats
+import nats.errors
+import nats.js.errors
 import pytest
 
 from services.launcher.servers import NatsCluster, start_nats_cluster
@@ -49,6 +52,23 @@ def procs() -> dict[str, ServiceProcess]:
     return {}
 
 
+def _has_stream(url: str, stream: str) -> bool:
+    async def ask() -> bool:
+        nc = await nats.connect(servers=url.split(","), connect_timeout=2, allow_reconnect=False)
+        try:
+            await nc.jetstream().stream_info(stream)
+            return True
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
+            return False
+        finally:
+            await nc.close()
+
+    try:
+        return asyncio.run(ask())
+    except (nats.errors.Error, OSError, TimeoutError):
+        return False
+
+
 @pytest.fixture
 def stack(mariadb: MariaDB, database: str, nats_url: str, parser_factory: Callable[..., ServiceProcess],
           sink_factory: Callable[..., ServiceProcess], service_factory: Callable[..., ServiceProcess],
@@ -56,6 +76,9 @@ def stack(mariadb: MariaDB, database: str, nats_url: str, parser_factory: Callab
     # The defaults ride out a leader election (the fixtures' 2 s TTLs are for quick failovers).
     procs["parser"] = parser_factory(BINLAKE_LEASE_TTL_S="15", **R3)
     procs["sink"] = sink_factory("sink", BINLAKE_MEMBER_TTL_S="15", **R3)
+    # Meta and store exit when the cluster does not answer for their stream: on a busy machine a
+    # young cluster still placing the R3 streams the sink creates took longer than their timeout.
+    wait_until(lambda: _has_stream(nats_url, Names().cdc_stream), 120, "BINLAKE_CDC on the cluster", interval=0.5)
     procs["meta"] = service_factory("services.meta", "meta", **R3)
     procs["store"] = service_factory("services.store", "store", **R3)
     wait_until(lambda: services_answer(nats_url), 60, "meta and store to answer", interval=0.5)
