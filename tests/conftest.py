@@ -1,4 +1,4 @@
-"""Shared fixtures: private MariaDB and NATS JetStream servers (never the system ones)."""
+"""Shared fixtures: private MariaDB, MySQL and NATS JetStream servers (never the system ones)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import MariaDB, NatsServer, mariadb_binaries, nats_server_binary, start_mariadb, start_nats
+from tests.servers import (
+    MariaDB,
+    MySQL,
+    NatsServer,
+    mariadb_binaries,
+    mysql_root,
+    nats_server_binary,
+    start_mariadb,
+    start_mysql,
+    start_nats,
+)
 
 MariaDBFactory = Callable[..., MariaDB]
 
@@ -18,6 +28,13 @@ def _require_mariadb() -> None:
         mariadb_binaries()
     except FileNotFoundError as exc:
         pytest.skip(f"MariaDB not available: {exc}")
+
+
+def require_mysql() -> None:
+    try:
+        mysql_root()
+    except FileNotFoundError as exc:
+        pytest.skip(f"MySQL not available: {exc}")
 
 
 def _require_nats() -> None:
@@ -38,17 +55,35 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def mysql(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MySQL]:
+    """One MySQL 9.7 for the whole session (ROW / FULL image / FULL metadata / GTID on)."""
+    require_mysql()
+    server = start_mysql(tmp_path_factory.mktemp("mysql"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
-def database(mariadb: MariaDB) -> Iterator[str]:
-    """A fresh, uniquely named database ``t_<hex>`` on the session server, dropped afterwards."""
-    mariadb.start()  # no-op unless an earlier test stopped/killed the shared server
+def source(request: pytest.FixtureRequest) -> MariaDB:
+    """The source server of this test: MariaDB, or MySQL under `tests.servers.BOTH_SOURCES`."""
+    server: MariaDB = request.getfixturevalue(getattr(request, "param", "mariadb"))
+    return server
+
+
+@pytest.fixture
+def database(source: MariaDB) -> Iterator[str]:
+    """A fresh, uniquely named database ``t_<hex>`` on the test's source server, dropped afterwards."""
+    source.start()  # no-op unless an earlier test stopped/killed the shared server
     name = f"t_{uuid.uuid4().hex[:12]}"
-    mariadb.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    source.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
     try:
         yield name
     finally:
-        mariadb.start()
-        mariadb.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        source.start()
+        source.execute(f"DROP DATABASE IF EXISTS `{name}`")
 
 
 @pytest.fixture
@@ -59,6 +94,24 @@ def mariadb_factory(tmp_path: Path) -> Iterator[MariaDBFactory]:
 
     def make(*, log_bin: bool = True, extra_args: Sequence[str] = ()) -> MariaDB:
         server = start_mariadb(tmp_path / f"mariadb{len(created)}", log_bin=log_bin, extra_args=extra_args)
+        created.append(server)
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in created:
+            server.stop()
+
+
+@pytest.fixture
+def mysql_factory(tmp_path: Path) -> Iterator[Callable[..., MySQL]]:
+    """``make(server_id=1, extra_args=()) -> MySQL`` for servers of a test's own (replication, settings)."""
+    require_mysql()
+    created: list[MySQL] = []
+
+    def make(*, server_id: int = 1, extra_args: Sequence[str] = ()) -> MySQL:
+        server = start_mysql(tmp_path / f"mysql{len(created)}", server_id=server_id, extra_args=extra_args)
         created.append(server)
         return server
 

@@ -1,14 +1,24 @@
 """The private servers used by tests live with the launcher (`binlake up` starts the same ones)."""
 
+import pytest
+
 from services.launcher.servers import (
     MariaDB,
+    MySQL,
     NatsServer,
     free_port,
     mariadb_binaries,
+    mysql_root,
     nats_server_binary,
     start_mariadb,
+    start_mysql,
     start_nats,
 )
 
-__all__ = ["MariaDB", "NatsServer", "free_port", "mariadb_binaries", "nats_server_binary", "start_mariadb",
-           "start_nats"]
+# A test or module marked with this runs once per source flavour: its `source` fixture (and so
+# `database` and the parser's BINLAKE_SOURCE_URL) is MariaDB in one run and MySQL in the other.
+BOTH_SOURCES = pytest.mark.parametrize("source", ["mariadb", "mysql"], indirect=True)
+MYSQL_SOURCE = pytest.mark.parametrize("source", ["mysql"], indirect=True)  # tests of what only MySQL has
+
+__all__ = ["BOTH_SOURCES", "MYSQL_SOURCE", "MariaDB", "MySQL", "NatsServer", "free_port", "mariadb_binaries",
+           "mysql_root", "nats_server_binary", "start_mariadb", "start_mysql", "start_nats"]

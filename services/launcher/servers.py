@@ -1,8 +1,10 @@
-"""Private MariaDB and NATS servers for `binlake up`, tests and benchmarks.
+"""Private MariaDB, MySQL and NATS servers for `binlake up`, tests and benchmarks.
 
 Every server runs on a free 127.0.0.1 port with its files under a caller-provided
-directory, so nothing touches the system MariaDB (3306) or NATS (4222).  This module
-deliberately does not import pytest.
+directory, so nothing touches the system MariaDB (3306) or NATS (4222).  MySQL runs from a
+Debian root prepared once (`mysql_root`, `prepare_mysql_root`) through that root's own
+dynamic loader, so it needs no chroot and no MySQL on the host.  This module deliberately
+does not import pytest.
 """
 
 from __future__ import annotations
@@ -28,12 +30,16 @@ import pymysql
 
 __all__ = [
     "MariaDB",
+    "MySQL",
     "NatsCluster",
     "NatsServer",
     "free_port",
     "mariadb_binaries",
+    "mysql_root",
     "nats_server_binary",
+    "prepare_mysql_root",
     "start_mariadb",
+    "start_mysql",
     "start_nats",
     "start_nats_cluster",
     "tcp_open",
@@ -168,6 +174,8 @@ def mariadb_binaries() -> tuple[str, str]:
 class MariaDB:
     """A private mariadbd process; ``args`` is its full argv (port included)."""
 
+    kind = "mariadb"  # the source flavour; MySQL overrides it
+
     host: str
     port: int
     socket: str
@@ -257,7 +265,7 @@ class MariaDB:
         if self.running:
             return
         offset = _size(self.error_log)
-        self.proc = _spawn(self.args, self.basedir / "mariadbd.out")
+        self.proc = _spawn(self.args, self.basedir / f"{self.kind}.out")
         if self not in _live:
             _live.append(self)
         self._wait_ready(offset)
@@ -276,9 +284,9 @@ class MariaDB:
                 self._forget()
                 new_log = _read_from(self.error_log, log_offset)
                 if "Address already in use" in new_log or "Do you already have another" in new_log:
-                    raise _AddressInUse(f"mariadbd port {self.port} already in use")
+                    raise _AddressInUse(f"{self.kind} port {self.port} already in use")
                 raise RuntimeError(
-                    f"mariadbd exited with code {rc} during startup; last lines of {self.error_log}:\n"
+                    f"{self.kind} exited with code {rc} during startup; last lines of {self.error_log}:\n"
                     + _tail(self.error_log)
                 )
             try:
@@ -292,7 +300,7 @@ class MariaDB:
             return
         self.kill()
         raise RuntimeError(
-            f"mariadbd did not accept connections on port {self.port} within "
+            f"{self.kind} did not accept connections on port {self.port} within "
             f"{MARIADB_START_TIMEOUT:.0f}s (last error: {last_exc}); last lines of {self.error_log}:\n"
             + _tail(self.error_log)
         )
@@ -390,6 +398,118 @@ def start_mariadb(basedir: Path, *, log_bin: bool = True, extra_args: Sequence[s
             continue
         return server
     raise RuntimeError(f"could not start mariadbd on a free port: {last_error}")
+
+
+# ----------------------------------------------------------------------------- MySQL
+
+MYSQL_SUITE = "sid"  # Debian's suite with mysql-server-core 9.7 (LTS); bookworm has no MySQL
+_LOADER = "lib64/ld-linux-x86-64.so.2"
+
+
+def mysql_root() -> Path:
+    """The prepared MySQL root (``BINLAKE_MYSQL_ROOT``, default ``~/.cache/binlake/mysql-root``).
+
+    Raises FileNotFoundError, saying how to prepare it, when it holds no mysqld.
+    """
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "binlake" / "mysql-root"
+    root = Path(os.environ.get("BINLAKE_MYSQL_ROOT") or default)
+    if not (os.access(root / "usr/sbin/mysqld", os.X_OK) and (root / _LOADER).exists()):
+        raise FileNotFoundError(
+            f"no MySQL root at {root} (usr/sbin/mysqld); prepare it once with `binlake setup mysql` "
+            "(root and mmdebstrap needed), or set BINLAKE_MYSQL_ROOT")
+    return root
+
+
+def prepare_mysql_root(root: Path | None = None, mirror: str = "http://deb.debian.org/debian") -> Path:
+    """Build the MySQL root from Debian's packages with mmdebstrap (as root), unless it exists."""
+    with contextlib.suppress(FileNotFoundError):
+        return mysql_root()
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "binlake" / "mysql-root"
+    root = Path(root or os.environ.get("BINLAKE_MYSQL_ROOT") or default)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    partial = root.with_name(root.name + ".partial")
+    subprocess.run(["rm", "-rf", str(partial)], check=True)
+    # sid's Release file on the mirror is past its Valid-Until date; the packages are signed all the same.
+    subprocess.run(["mmdebstrap", "--quiet", "--variant=essential",
+                    "--aptopt=Acquire::Check-Valid-Until \"false\"",
+                    "--include=mysql-server-core,mysql-client-core", MYSQL_SUITE, str(partial), mirror], check=True)
+    os.replace(partial, root)
+    return mysql_root()
+
+
+@dataclass(eq=False)
+class MySQL(MariaDB):
+    """A private MySQL server run from the prepared root (`mysql_root`)."""
+
+    kind = "mysql"
+
+
+def _mysqld(root: Path) -> list[str]:
+    """How to run the root's mysqld on this host: through the root's own loader and libraries."""
+    libs = f"{root}/usr/lib/x86_64-linux-gnu:{root}/lib/x86_64-linux-gnu"
+    return [str(root / _LOADER), "--library-path", libs, str(root / "usr/sbin/mysqld"), "--no-defaults",
+            "--user=root", f"--basedir={root}/usr", f"--lc-messages-dir={root}/usr/share/mysql",
+            f"--character-sets-dir={root}/usr/share/mysql/charsets", f"--plugin-dir={root}/usr/lib/mysql/plugin",
+            "--secure-file-priv="]
+
+
+def start_mysql(basedir: Path, *, server_id: int = 1, extra_args: Sequence[str] = (),
+                port: int | None = None) -> MySQL:
+    """Initialise (if needed) and start a private MySQL under ``basedir`` with the binlog binlake needs
+    (ROW, FULL image, FULL metadata, GTID on). ``extra_args`` come last, so they override the defaults."""
+    mysqld = _mysqld(mysql_root())
+    basedir = Path(basedir).resolve()
+    basedir.mkdir(parents=True, exist_ok=True)
+    datadir = basedir / "data"
+    if not (datadir / "mysql").is_dir():
+        log = basedir / "install.log"
+        with log.open("wb") as out:
+            rc = subprocess.call([*mysqld, "--initialize-insecure", f"--datadir={datadir}",
+                                  f"--log-error={basedir / 'error.log'}"],
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        if rc != 0:
+            raise RuntimeError(f"mysqld --initialize failed with code {rc}; last lines of {basedir / 'error.log'}:\n"
+                               + _tail(basedir / "error.log"))
+    sock = _socket_path(basedir)
+    common = [
+        *mysqld,
+        f"--datadir={datadir}",
+        f"--socket={sock}",
+        f"--pid-file={basedir / 'mysqld.pid'}",
+        f"--log-error={basedir / 'error.log'}",
+        "--bind-address=127.0.0.1",
+        "--mysqlx=OFF",
+        f"--server-id={server_id}",
+        "--innodb-buffer-pool-size=64M",
+        "--innodb-redo-log-capacity=64M",
+        "--innodb-flush-log-at-trx-commit=2",
+        "--innodb-doublewrite=OFF",
+        "--performance-schema=OFF",
+        "--max-allowed-packet=256M",  # a 64 MiB LONGBLOB row and its statement
+        "--character-set-server=utf8mb4",
+        "--default-time-zone=+00:00",
+        "--log-bin=binlog",
+        "--binlog-format=ROW",
+        "--binlog-row-image=FULL",
+        "--binlog-row-metadata=FULL",
+        "--gtid-mode=ON",
+        "--enforce-gtid-consistency=ON",
+        "--sync-binlog=0",
+    ]
+    last_error: Exception | None = None
+    wanted = port
+    for _ in range(_PORT_RETRIES):
+        port, wanted = port_or_free(wanted), None
+        args = [*common, f"--port={port}", *extra_args]
+        server = MySQL(host="127.0.0.1", port=port, socket=sock, datadir=datadir, basedir=basedir, proc=None,
+                       args=args)
+        try:
+            server.start()
+        except _AddressInUse as exc:
+            last_error = exc
+            continue
+        return server
+    raise RuntimeError(f"could not start mysqld on a free port: {last_error}")
 
 
 # ----------------------------------------------------------------------------- NATS

@@ -14,6 +14,7 @@
 | BIT(n<64) | int64 |
 | BINARY/VARBINARY/BLOB, GEOMETRY | binary |
 | SET | list<string> -> array<string> |
+| VECTOR (MySQL 9) | list<float32> -> array<float> |
 
 Conversion is columnar: a column of ISO strings is cast by Arrow in one call.
 """
@@ -61,6 +62,8 @@ def arrow_type(col: dict[str, Any]) -> pa.DataType:
         return pa.decimal128(20, 0) if int(col.get("length", 1)) >= 64 else pa.int64()
     if t == "set":
         return pa.list_(pa.string())
+    if t == "vector":
+        return pa.list_(pa.float32())
     if t in _BINARY:
         return pa.binary()
     return pa.string()  # char/varchar/text/enum/json/time and anything unknown

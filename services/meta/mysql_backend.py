@@ -104,8 +104,8 @@ class MysqlBackend:
     async def add_schema(self, record: SchemaRecord) -> None:
         await self._execute(
             "INSERT INTO binlake_schema (source, db, tbl, scn, record) VALUES (%s, %s, %s, %s, %s) "
-            "ON DUPLICATE KEY UPDATE record = VALUES(record)",
-            (record.source, record.db, record.table, record.scn, json.dumps(record.to_dict())))
+            "ON DUPLICATE KEY UPDATE record = %s",  # not VALUES(record): MySQL 8.0.20+ warns on it
+            (record.source, record.db, record.table, record.scn, *[json.dumps(record.to_dict())] * 2))
 
     async def schemas(self, source: str, db: str, table: str) -> list[SchemaRecord]:
         rows = await self._query(

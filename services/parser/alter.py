@@ -533,7 +533,10 @@ def _column(name: str, toks: list[Token], mariadb: bool) -> _Def:
         members = [str(_string(t.text).value).rstrip(" ") for t in parts if _is_string(t)]
         quoted = ",".join("'" + m.replace("\\", "\\\\").replace("'", "''") + "'" for m in members)
         row["COLUMN_TYPE"] = f"{data_type}({quoted})"
-    d.row = None if a.compressed or not written else row
+    elif data_type == "vector":
+        row["COLUMN_TYPE"] = f"vector({nums[0] if nums else 2048})"  # MySQL's default dimension
+    # MariaDB's VECTOR (11.7+) is another type: the binlake of a MariaDB source does not map it
+    d.row = None if a.compressed or not written or (data_type == "vector" and mariadb) else row
     return d
 
 

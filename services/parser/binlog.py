@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pymysql
-import pymysqlreplication.binlogstream as binlogstream
+from pymysql.protocol import MysqlPacket
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication import event as ev
 from pymysqlreplication import row_event as rev
+from pymysqlreplication.packet import BinLogPacketWrapper
 
-from services.parser import ddl
+from services.parser import ddl, mysql_events, replication_lib  # noqa: F401 (replication_lib: patches)
 from services.parser.columns import TableSchema, schema_from_table_map
 from services.parser.redact import redact
 from services.parser.rows import check_full_image, decode_rows
@@ -36,22 +38,18 @@ from shared.errors import (
     SourceMisconfigured,
     SourceUnavailable,
 )
+from shared.gtid import GtidSet
 from shared.mysql import MysqlUrl, map_mysql_error
-
-# Never let the library reconnect by itself (it would restart from its first position).
-binlogstream.MYSQL_EXPECTED_ERROR_CODES = []
 
 _EVENTS = [
     ev.QueryEvent, ev.XidEvent, ev.GtidEvent, ev.MariadbGtidEvent, ev.RotateEvent, ev.FormatDescriptionEvent,
-    ev.HeartbeatLogEvent, ev.MariadbGtidListEvent, ev.MariadbBinLogCheckPointEvent, ev.PreviousGtidsEvent,
-    ev.NotImplementedEvent, ev.XAPrepareEvent, ev.StopEvent, ev.BeginLoadQueryEvent, ev.ExecuteLoadQueryEvent,
-    ev.MariadbStartEncryptionEvent, rev.TableMapEvent, rev.WriteRowsEvent, rev.UpdateRowsEvent,
-    rev.DeleteRowsEvent, rev.PartialUpdateRowsEvent,
+    ev.HeartbeatLogEvent, ev.MariadbGtidListEvent, ev.MariadbBinLogCheckPointEvent, ev.NotImplementedEvent,
+    ev.XAPrepareEvent, ev.StopEvent, ev.BeginLoadQueryEvent, ev.ExecuteLoadQueryEvent, ev.MariadbStartEncryptionEvent,
+    rev.TableMapEvent, rev.WriteRowsEvent, rev.UpdateRowsEvent, rev.DeleteRowsEvent, rev.PartialUpdateRowsEvent,
 ]
 _ROW_OPS = {rev.WriteRowsEvent: "i", rev.UpdateRowsEvent: "u", rev.DeleteRowsEvent: "d"}
 ANONYMOUS_GTID = 0x22
 HEARTBEAT_V2 = 0x29
-TRANSACTION_PAYLOAD = 0x28
 _IGNORABLE = {0x1C, 0x1D, 0x24, 0x25, 0x05, 0x0D, 0x0E, 0xA0}  # ignorable, rows-query, context, intvar, rand...
 _MARIADB_COMPRESSED = set(range(0xA5, 0xAC))
 
@@ -79,8 +77,9 @@ class BinlogReader:
 
     def _open(self, start: Resume) -> BinLogStreamReader:
         kwargs: dict[str, Any] = {}
-        if self._mariadb and start.gtid:
-            kwargs.update(is_mariadb=True, auto_position=start.gtid)
+        if start.gtid:
+            # By GTID: on a promoted replica the same place has another file and offset.
+            kwargs.update(is_mariadb=self._mariadb, auto_position=start.gtid)
         else:
             # File/offset resume; on MariaDB this needs is_mariadb=False (see PITFALLS).
             kwargs.update(log_file=start.file, log_pos=start.offset, resume_stream=True)
@@ -150,10 +149,12 @@ class BinlogReader:
                 pass
 
     def _handle(self, event: Any, file: str) -> list[Outgoing]:
-        self.events += 1
         pkt = event.packet
         end = pkt.log_pos
-        start = end - pkt.event_size
+        return self._dispatch(event, file, end - pkt.event_size, end)
+
+    def _dispatch(self, event: Any, file: str, start: int, end: int) -> list[Outgoing]:
+        self.events += 1
         ts = event.timestamp * 1000
         asm = self._asm
         op = _ROW_OPS.get(type(event))
@@ -179,7 +180,9 @@ class BinlogReader:
             return self._other(event, file, start, end)
         if isinstance(event, rev.PartialUpdateRowsEvent):
             raise SourceMisconfigured(
-                "partial JSON updates in the binlog; set binlog_row_value_options='' on the source"
+                f"a partial JSON update at {file}:{start}: a session wrote it with binlog_row_value_options="
+                "PARTIAL_JSON; set binlog_row_value_options='' on the source (globally, and in sessions that "
+                "override it), then take a snapshot of the table it changed and rewind the parser past it"
             )
         if isinstance(event, ev.XAPrepareEvent):
             raise DecodeError(f"XA transaction at {file}:{start}: binlake does not support XA transactions yet")
@@ -204,15 +207,64 @@ class BinlogReader:
             return self._asm.anonymous_start(file, start)
         if etype == HEARTBEAT_V2:
             return self._asm.heartbeat(int(time.time() * 1000))
-        if etype == TRANSACTION_PAYLOAD:
-            raise SourceMisconfigured(
-                f"compressed transaction at {file}:{start}; set binlog_transaction_compression=OFF on the source"
-            )
+        if etype == mysql_events.TRANSACTION_PAYLOAD:
+            return self._payload(event, file, start, end)
+        if etype == mysql_events.GTID_TAGGED:
+            gtid = mysql_events.parse_tagged_gtid(self._body(event))
+            return self._asm.gtid(str(gtid), None, False, file, start)
+        if etype == mysql_events.PREVIOUS_GTIDS:
+            self._asm.previous_gtids(GtidSet.decode(self._body(event)))
+            self._asm.between(file, end)
+            return []
         if etype in _MARIADB_COMPRESSED:
             raise SourceMisconfigured(f"compressed binlog event at {file}:{start}; set log_bin_compress=OFF")
         if etype in _IGNORABLE:
             return []
         raise DecodeError(f"unknown binlog event type {etype:#x} at {file}:{start}; binlake cannot read it safely")
+
+    @staticmethod
+    def _body(event: Any) -> bytes:
+        """An unparsed event's body: after the OK byte and the common header, without the checksum."""
+        return bytes(event.packet.packet._data[20:20 + event.event_size])
+
+    def _payload(self, event: Any, file: str, start: int, end: int) -> list[Outgoing]:
+        """A compressed transaction: its inner events, each carried as if it stood in the binlog.
+
+        Inner events have no position of their own; the k-th is placed at `start + k`, inside the
+        payload event's own span, so order keys and message ids stay unique and increasing and a
+        replay places every event where it was. The transaction ends at the payload's end.
+        """
+        stream = self._stream
+        assert stream is not None
+        out: list[Outgoing] = []
+        for k, raw in enumerate(mysql_events.inner_events(mysql_events.parse_payload(self._body(event)))):
+            if start + k >= end:
+                raise DecodeError(f"compressed transaction at {file}:{start} holds more events than its "
+                                  f"{end - start} bytes can number; binlake cannot order them")
+            inner = self._wrap(stream, raw)
+            if inner is not None:
+                out += self._dispatch(inner, file, start + k, end)
+        return out
+
+    @staticmethod
+    def _wrap(stream: BinLogStreamReader, raw: bytes) -> Any:
+        """An inner event (header and body, no checksum) parsed as the library parses a streamed one."""
+        def setting(name: str) -> Any:
+            return getattr(stream, f"_BinLogStreamReader__{name}")
+
+        # Given a zero checksum, it reads the event exactly as a streamed one (the TableMap's metadata
+        # runs to 4 bytes before the end).
+        sized = raw[:9] + struct.pack("<I", len(raw) + 4) + raw[13:] + b"\0\0\0\0"
+        packet = BinLogPacketWrapper(
+            MysqlPacket(b"\x00" + sized, stream._ctl_connection.encoding), stream.table_map, stream._ctl_connection,
+            stream.mysql_version, True, setting("allowed_events_in_packet"), setting("only_tables"),
+            setting("ignored_tables"), setting("only_schemas"), setting("ignored_schemas"),
+            setting("freeze_schema"), setting("ignore_decode_errors"), False, setting("optional_meta_data"),
+            False, setting("use_column_name_cache"), setting("post_header_lengths"))
+        inner = packet.event
+        if isinstance(inner, rev.TableMapEvent):
+            stream.table_map[inner.table_id] = inner.get_table()  # as the library's fetchone does
+        return inner
 
     def _table_map(self, event: Any) -> None:
         # The TableMap body after its table id is identical while the table's schema is, so
@@ -239,7 +291,7 @@ class BinlogReader:
         bitmaps = [event.columns_present_bitmap]
         if op == "u":
             bitmaps.append(event.columns_present_bitmap2)
-        check_full_image(table, *bitmaps)
+        check_full_image(table, f"{file}:{start}", *bitmaps)
         pkt = event.packet
         body = pkt.read(event.event_size - pkt.read_bytes)
         rows = decode_rows(table, op, body)

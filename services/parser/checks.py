@@ -60,8 +60,6 @@ def check_settings(v: Mapping[str, str]) -> None:
         raise SourceMisconfigured(f"binlog_row_metadata is {meta.upper()}; set binlog_row_metadata=FULL")
     if is_on("log_bin_compress"):
         raise SourceMisconfigured("log_bin_compress is ON; set log_bin_compress=OFF (compressed events cannot be read)")
-    if is_on("binlog_transaction_compression"):
-        raise SourceMisconfigured("binlog_transaction_compression is ON; set binlog_transaction_compression=OFF")
     if "PARTIAL_JSON" in v.get("binlog_row_value_options", "").upper():
         raise SourceMisconfigured("binlog_row_value_options is PARTIAL_JSON; set binlog_row_value_options=''")
 
@@ -120,10 +118,14 @@ async def inspect_source(dsn: MysqlUrl) -> SourceInfo:
         conn.close()
     if not status or not logs:
         raise SourceMisconfigured("the server reports no binary log status; enable log_bin and restart it")
-    gtid = variables.get("gtid_binlog_pos", "") if mariadb else None
+    if mariadb:
+        gtid: str | None = variables.get("gtid_binlog_pos", "") or None
+    else:  # SHOW BINARY LOG STATUS: File, Position, Do_DB, Ignore_DB, Executed_Gtid_Set
+        gtid_on = variables.get("gtid_mode", "").upper() == "ON"
+        gtid = str(status[0][4] or "").replace("\n", "") if gtid_on and len(status[0]) > 4 else None
     return SourceInfo(
         mariadb=mariadb, version=variables.get("version", ""),
-        current=Resume(str(status[0][0]), int(status[0][1]), gtid or None),
+        current=Resume(str(status[0][0]), int(status[0][1]), gtid),
         earliest=Resume(str(logs[0][0]), 4, None),
         binlogs=tuple(str(r[0]) for r in logs),
         lower_case_table_names=int(variables.get("lower_case_table_names") or 0),

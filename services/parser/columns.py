@@ -6,6 +6,7 @@ always decodes with the columns it was written with, before or after any ALTER T
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ _TYPE_NAMES = {
     v.FLOAT: "float", v.DOUBLE: "double", v.NEWDECIMAL: "decimal", v.DATE: "date",
     v.DATETIME2: "datetime", v.DATETIME: "datetime", v.TIMESTAMP2: "timestamp", v.TIMESTAMP: "timestamp",
     v.TIME2: "time", v.TIME: "time", v.YEAR: "year", v.ENUM: "enum", v.SET: "set", v.JSON: "json",
-    v.GEOMETRY: "geometry", v.BIT: "bit",
+    v.GEOMETRY: "geometry", v.BIT: "bit", v.VECTOR: "vector",
 }
 _BLOB_SIZES = {1: "tiny", 2: "", 3: "medium", 4: "long"}
 
@@ -44,6 +45,7 @@ class Column:
     nullable: bool
     ctype: v.ColumnType
     charset: str | None = None
+    dimensions: int = 0  # VECTOR: floats per value (0 when the source does not say)
 
     def describe(self) -> dict[str, Any]:
         """The column as it travels in the envelope's `schema`."""
@@ -61,6 +63,8 @@ class Column:
             out["length"] = t.length
         if t.values:
             out["values"] = list(t.values)
+        if self.dimensions:
+            out["dimensions"] = self.dimensions
         if self.charset:
             out["charset"] = self.charset
         return out
@@ -106,7 +110,7 @@ def column_from_library(col: Any, nullable: bool, dbms: str) -> Column:
     length = 0
     if code in (v.VARCHAR, v.VAR_STRING, v.STRING):
         length = col.max_length
-    elif code in (v.BLOB, v.GEOMETRY, v.JSON):
+    elif code in (v.BLOB, v.GEOMETRY, v.JSON, v.VECTOR):
         length = col.length_size
     elif code in (v.ENUM, v.SET):
         length = col.size
@@ -163,6 +167,9 @@ def schema_from_table_map(event: Any, stats: v.DecodeStats | None = None) -> Tab
         column_from_library(c, bool(nulls[i >> 3] & (1 << (i & 7))), event.dbms)
         for i, c in enumerate(event.columns)
     )
+    dimensions = iter(getattr(event, "binlake_vector_dimensions", ()))
+    columns = tuple(dataclasses.replace(c, dimensions=next(dimensions, 0)) if c.ctype.code == v.VECTOR else c
+                    for c in columns)
     meta = event.optional_metadata
     pk_idx = list(meta.simple_primary_key_list or []) or list(meta.primary_keys_with_prefix or {})
     return TableSchema(db=event.schema, table=event.table, columns=columns,

@@ -6,7 +6,8 @@ position came from (a promoted replica behind a DNS name that moved, or a source
 hand) continues by GTID, with the epoch one higher, so order keys keep increasing per table and
 message ids never meet the old server's. That needs MariaDB GTIDs (the new server finds the
 transaction to continue after by its GTID, whatever its binlog file names are) and a server
-that has every transaction binlake already published.
+that has every transaction binlake already published: MariaDB's GTID state, or MySQL's executed
+GTID set (tagged GTIDs included).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from services.parser.transactions import Resume, parse_gtid_state
 from shared import envelope
 from shared.errors import FatalError
+from shared.gtid import GtidError, GtidSet
 
 
 class SourceSwitched(FatalError):
@@ -33,11 +35,11 @@ def resume_on(last: Resume, server_id: int, mariadb: bool, server_gtid: str | No
         return Resume(last.file, last.offset, last.gtid, server_id, last.epoch)
     where = f"the source is now server_id {server_id}, binlake's position {last.file}:{last.offset} is of " \
             f"server_id {last.server}"
-    if not mariadb or not last.gtid:
+    if not last.gtid:
         raise SourceSwitched(
             f"{where}, and that position has no GTID to find the same place on the new server by (binlake "
-            "continues on another server only by MariaDB GTID): point BINLAKE_SOURCE_URL back at server_id "
-            f"{last.server}")
+            "continues on another server only by GTID: gtid_mode=ON on MySQL): point BINLAKE_SOURCE_URL back at "
+            f"server_id {last.server}")
     if unfinished is not None:
         # Its rows events are the new server's own, split its own way: the batches already
         # published cannot be matched to them, so finish it where it was started.
@@ -47,15 +49,28 @@ def resume_on(last: Resume, server_id: int, mariadb: bool, server_gtid: str | No
             "then switch")
     if last.epoch >= envelope.MAX_EPOCH:
         raise SourceSwitched(f"{where}; binlake has moved {last.epoch} times, the most its order keys can count")
-    have = parse_gtid_state(server_gtid)
-    behind = [gtid for domain, gtid in parse_gtid_state(last.gtid).items()
-              if _seq(have.get(domain)) < _seq(gtid)]
+    behind = _behind(last.gtid, server_gtid) if mariadb else _missing(last.gtid, server_gtid)
     if behind:
         raise SourceSwitched(
             f"{where}, and server_id {server_id} lacks transactions binlake already published "
             f"(binlake is at {', '.join(behind)}, the server at {server_gtid or 'nothing'}): it is behind, or not "
             "of the same replication topology; point binlake at a server that has them (let a replica catch up)")
     return Resume(last.file, last.offset, last.gtid, server_id, last.epoch + 1)
+
+
+def _behind(published: str, server_gtid: str | None) -> list[str]:
+    """MariaDB: the domains' GTIDs the server has not reached."""
+    have = parse_gtid_state(server_gtid)
+    return [gtid for domain, gtid in parse_gtid_state(published).items() if _seq(have.get(domain)) < _seq(gtid)]
+
+
+def _missing(published: str, server_gtid: str | None) -> list[str]:
+    """MySQL: the transactions of the published set the server has not executed."""
+    try:
+        lacks = GtidSet.parse(server_gtid).missing(GtidSet.parse(published))
+    except GtidError as exc:
+        raise SourceSwitched(f"cannot compare GTID sets: {exc}") from None
+    return [str(lacks)] if lacks else []
 
 
 def _seq(gtid: str | None) -> int:

@@ -82,7 +82,7 @@ class Pipeline:
             fresh = info.current if cfg.start == "current" else info.earliest
             start = Resume(fresh.file, fresh.offset, fresh.gtid, info.server_id)
         origin = "stream" if tail else "saved position" if saved else f"BINLAKE_START={cfg.start}"
-        if not (info.mariadb and start.gtid) and start.file not in info.binlogs:
+        if not start.gtid and start.file not in info.binlogs:
             raise BinlogPurged(f"binlog {start.file} ({origin} {start.file}:{start.offset}) is no longer on the "
                                f"source (oldest is {info.binlogs[0]}); the changes in between are lost to binlake: "
                                "take a new snapshot and reset the parser")

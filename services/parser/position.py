@@ -109,7 +109,8 @@ async def saved_position(kv: KeyValue, source: str) -> Resume | None:
         server, epoch = saved.get("server"), int(saved.get("epoch") or 0)
         if not 0 <= epoch <= envelope.MAX_EPOCH:
             raise ValueError(f"epoch {epoch} out of range")
-        return Resume(str(saved["file"]), int(saved["offset"]), saved.get("gtid") or None,
+        gtid = saved.get("gtid")
+        return Resume(str(saved["file"]), int(saved["offset"]), None if gtid is None else str(gtid),
                       None if server is None else int(server), epoch)
     except (ValueError, KeyError, TypeError) as exc:
         raise StreamMismatch(

@@ -18,15 +18,17 @@ if TYPE_CHECKING:
     from services.parser.columns import TableSchema
 
 
-def check_full_image(table: TableSchema, *bitmaps: bytes) -> None:
+def check_full_image(table: TableSchema, where: str, *bitmaps: bytes) -> None:
     """Refuse partial row images: binlake needs every column of every row (binlog_row_image=FULL)."""
     n = len(table.columns)
     full = (1 << n) - 1
     for bm in bitmaps:
         if int.from_bytes(bm, "little") & full != full:
             raise SourceMisconfigured(
-                f"rows of {table.db}.{table.table} are logged without all columns; "
-                "set binlog_row_image=FULL on the source"
+                f"rows of {table.db}.{table.table} at {where} are logged without all columns (a session with "
+                "binlog_row_image=MINIMAL or NOBLOB wrote them); set binlog_row_image=FULL on the source (globally, "
+                "and in sessions that override it), then take a snapshot of that table and rewind the parser past "
+                "that transaction"
             )
 
 

@@ -18,6 +18,7 @@ from services.parser import alter, ddl
 from services.parser.columns import TableSchema
 from shared import envelope, objects
 from shared.errors import DecodeError, SourceMisconfigured
+from shared.gtid import GtidSet
 from shared.subjects import DDL_TABLE, HEARTBEAT_TABLE, Names
 
 HEADER_ALLOWANCE = 1024  # room left in max_payload for headers
@@ -25,8 +26,9 @@ HEADER_ALLOWANCE = 1024  # room left in max_payload for headers
 
 @dataclass(frozen=True)
 class Resume:
-    """Where a reader restarts: binlog file/offset and, on MariaDB, the GTID state; the server
-    (its server_id) those belong to and the epoch of the order keys (`envelope.scn`)."""
+    """Where a reader restarts: binlog file/offset and the GTID state (MariaDB: the last GTID of each
+    domain; MySQL: the executed GTID set, None when unknown); the server (its server_id) those
+    belong to and the epoch of the order keys (`envelope.scn`)."""
 
     file: str
     offset: int
@@ -118,11 +120,15 @@ class Assembler:
     epoch: int = 0  # of the order keys (`envelope.scn`): servers moved to so far
     _txn: _Txn | None = field(default=None, init=False)
     _gtids: dict[int, str] = field(default_factory=dict, init=False)
+    _gtid_set: GtidSet | None = field(default=None, init=False)  # MySQL's executed set, None while unknown
     _boundary: Resume = field(init=False)
     _ready: list[Outgoing] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
-        self._gtids = parse_gtid_state(self.start.gtid)
+        if self.mariadb:
+            self._gtids = parse_gtid_state(self.start.gtid)
+        elif self.start.gtid is not None:
+            self._gtid_set = GtidSet.parse(self.start.gtid)
         self._boundary = self.start
         self.ignore = frozenset((ddl.stored_name(d, self.lower_names), ddl.stored_name(t, self.lower_names))
                                 for d, t in self.ignore)
@@ -218,6 +224,8 @@ class Assembler:
         self._txn = None
         if txn.domain is not None and txn.gtid:
             self._gtids[txn.domain] = txn.gtid
+        elif txn.gtid and self._gtid_set is not None:
+            self._gtid_set.add(txn.gtid)
         self._boundary = self._at(file, end, self._state_str())
         out, self._ready = self._ready, []
         if txn.pending is not None:
@@ -227,6 +235,19 @@ class Assembler:
         if self.skip is not None and self.skip.txn_id == txn.id:
             self.skip = None
         return out
+
+    def previous_gtids(self, executed: GtidSet) -> None:
+        """MySQL's Previous_gtids at the start of a binlog file: every transaction before it.
+
+        Joined to the tracked set (a resume by file and offset learns its set here; a resume by GTID
+        gets the file's set, which the tracked one already holds).
+        """
+        if self.mariadb:
+            return
+        if self._gtid_set is None:
+            self._gtid_set = executed.copy()
+        else:
+            self._gtid_set.update(executed)
 
     def between(self, file: str, end: int) -> None:
         """An event outside any transaction (rotate, GTID list, checkpoint) moved the position."""
@@ -257,7 +278,9 @@ class Assembler:
         return Resume(file, offset, gtid, self.server, self.epoch)
 
     def _state_str(self) -> str | None:
-        return gtid_state_str(self._gtids) if self.mariadb else None
+        if self.mariadb:
+            return gtid_state_str(self._gtids)
+        return None if self._gtid_set is None else str(self._gtid_set)
 
     def _close_dangling(self, file: str, start: int) -> list[Outgoing]:
         # A transaction without its commit event (e.g. a non-transactional statement logged

@@ -24,7 +24,7 @@ Decoder = Callable[[bytes, int], tuple[Any, int]]
 TINY, SHORT, LONG, FLOAT, DOUBLE, TIMESTAMP, LONGLONG, INT24 = 1, 2, 3, 4, 5, 7, 8, 9
 DATE, TIME, DATETIME, YEAR, VARCHAR, BIT = 10, 11, 12, 13, 15, 16
 TIMESTAMP2, DATETIME2, TIME2 = 17, 18, 19
-JSON, NEWDECIMAL, ENUM, SET, BLOB, VAR_STRING, STRING, GEOMETRY = 245, 246, 247, 248, 252, 253, 254, 255
+VECTOR, JSON, NEWDECIMAL, ENUM, SET, BLOB, VAR_STRING, STRING, GEOMETRY = 242, 245, 246, 247, 248, 252, 253, 254, 255
 
 _DIG2BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
 
@@ -46,7 +46,7 @@ class ColumnType:
     precision: int = 0
     scale: int = 0
     fsp: int = 0
-    length: int = 0  # VARCHAR/CHAR max bytes, BLOB/JSON/GEOMETRY length-prefix size, BIT bits, ENUM/SET bytes
+    length: int = 0  # VARCHAR/CHAR max bytes, BLOB/JSON/GEOMETRY/VECTOR length-prefix size, BIT bits, ENUM/SET bytes
     encoding: str | None = None  # Python codec of the column charset; None for binary
     values: tuple[str, ...] = ()  # ENUM / SET members
 
@@ -361,6 +361,22 @@ def _json_binary(prefix: int) -> Decoder:
     return decode
 
 
+def vector_value(raw: bytes) -> list[float]:
+    """A VECTOR's bytes (float32, little-endian) as the envelope carries it: a list of floats."""
+    if len(raw) % 4:
+        raise DecodeError(f"VECTOR value of {len(raw)} bytes is not a whole number of float32s")
+    return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+
+
+def _vector(prefix: int) -> Decoder:
+    def decode(buf: bytes, pos: int) -> tuple[Any, int]:
+        size = int.from_bytes(buf[pos:pos + prefix], "little")
+        pos += prefix
+        return vector_value(buf[pos:pos + size]), pos + size
+
+    return decode
+
+
 def decoder_for(col: ColumnType, stats: DecodeStats) -> Decoder:
     """Build the decoder of one column; raises DecodeError for a type binlake cannot map."""
     code, u = col.code, col.unsigned
@@ -408,6 +424,8 @@ def decoder_for(col: ColumnType, stats: DecodeStats) -> Decoder:
         return _string(col.length, col.encoding if code == BLOB else None)
     if code == JSON:
         return _json_binary(col.length)
+    if code == VECTOR:
+        return _vector(col.length)
     if code == BIT:
         return _bit(col.length)
     raise DecodeError(f"column type code {code} is not supported by binlake")

@@ -18,12 +18,12 @@ ParserFactory = Callable[..., ServiceProcess]
 
 
 @pytest.fixture
-def parser_factory(mariadb: MariaDB, nats_url: str, tmp_path: Path) -> Iterator[ParserFactory]:
+def parser_factory(source: MariaDB, nats_url: str, tmp_path: Path) -> Iterator[ParserFactory]:
     """Start parser processes (`**env` overrides); all are stopped at teardown."""
     procs: list[ServiceProcess] = []
 
     def make(wait_ready: bool = True, log_name: str = "parser.log", **env: str) -> ServiceProcess:
-        proc = ServiceProcess("services.parser", parser_env(mariadb, nats_url, **env), tmp_path / log_name).start()
+        proc = ServiceProcess("services.parser", parser_env(source, nats_url, **env), tmp_path / log_name).start()
         procs.append(proc)
         if wait_ready:
             wait_until(lambda: read_stream_sync(nats_url) or not proc.running, 30, "the parser's first message")

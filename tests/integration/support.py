@@ -172,6 +172,12 @@ def read_stream_sync(nats_url: str, stream: str = "BINLAKE_RAW", subject: str = 
     return asyncio.run(read_stream(nats_url, stream, subject, auth=auth, resolve=resolve))
 
 
+def snapshot_cli(nats_url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {"BINLAKE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", "services.cli", "snapshot", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def wait_until(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while True:

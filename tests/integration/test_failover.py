@@ -1,10 +1,11 @@
 """Failover (DESIGN §5, §8.2): the primary dies, the parser continues on its GTID replica.
 
-A MariaDB primary (server_id 1) and a replica (server_id 2, `log_slave_updates`, replicating by
-GTID). The workload runs on the primary with the parser and a sink reading it; the primary is
-killed, the replica promoted, the parser pointed at it (as a DNS name that moves would), and the
-workload goes on there. BINLAKE_CDC replayed must equal the replica's tables, with no message id
-twice and order keys strictly increasing per table across the switch.
+A primary (server_id 1) and a replica (server_id 2, logging what it replicates, replicating by
+GTID), MariaDB or MySQL. The workload runs on the primary with the parser and a sink reading it
+(on MySQL some transactions compressed, some tagged); the primary is killed, the replica promoted,
+the parser pointed at it (as a DNS name that moves would), and the workload goes on there.
+BINLAKE_CDC replayed must equal the replica's tables, with no message id twice and order keys
+strictly increasing per table across the switch.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 from tests.integration.conftest import ParserFactory
 from tests.integration.support import ServiceProcess, StoredMsg, read_stream_sync, replay, wait_until
-from tests.servers import MariaDB
+from tests.servers import MariaDB, MySQL
 
 TABLES = ("a", "b", "c")
 
@@ -29,6 +30,9 @@ def workload(server: MariaDB, db: str, rng: random.Random, transactions: int, id
     try:
         with conn.cursor() as cur:
             for _ in range(transactions):
+                if isinstance(server, MySQL):
+                    cur.execute(f"SET SESSION binlog_transaction_compression = {rng.randint(0, 1)}")
+                    cur.execute("SET gtid_next = %s", (rng.choice(["AUTOMATIC", "AUTOMATIC", "AUTOMATIC:etl"]),))
                 cur.execute("BEGIN")
                 for _ in range(rng.randint(1, 5)):
                     table = rng.choice(TABLES)
@@ -49,14 +53,44 @@ def source_rows(server: MariaDB, db: str, table: str) -> dict[int, dict[str, int
     return {int(i): {"id": int(i), "v": int(v)} for i, v in server.query(f"SELECT id, v FROM `{db}`.{table}")}
 
 
+class Topology:
+    """A primary and its GTID replica of one flavour, and how to wait for and promote the replica."""
+
+    def __init__(self, flavour: str, mariadb_factory: Callable[..., MariaDB],
+                 mysql_factory: Callable[..., MySQL]) -> None:
+        self.flavour = flavour
+        if flavour == "mariadb":
+            self.primary = mariadb_factory()
+            self.replica = mariadb_factory(extra_args=["--server-id=2"])
+            self.replica.execute(f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={self.primary.port}, "
+                                 "MASTER_USER='root', MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos", "START SLAVE")
+        else:
+            self.primary = mysql_factory()
+            self.replica = mysql_factory(server_id=2)
+            self.replica.execute(f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='127.0.0.1', "
+                                 f"SOURCE_PORT={self.primary.port}, SOURCE_USER='root', SOURCE_PASSWORD='', "
+                                 "SOURCE_AUTO_POSITION=1, GET_SOURCE_PUBLIC_KEY=1", "START REPLICA")
+
+    def wait_replica(self) -> None:
+        if self.flavour == "mariadb":
+            pos = self.primary.query("SELECT @@gtid_binlog_pos")[0][0]
+            assert self.replica.query(f"SELECT MASTER_GTID_WAIT('{pos}', 60)")[0][0] == 0
+        else:
+            executed = self.primary.query("SELECT @@gtid_executed")[0][0]
+            assert self.replica.query("SELECT WAIT_FOR_EXECUTED_GTID_SET(%s, 60)", executed)[0][0] == 0
+
+    def promote(self) -> None:
+        self.replica.execute(*(("STOP SLAVE", "RESET SLAVE ALL") if self.flavour == "mariadb"
+                               else ("STOP REPLICA", "RESET REPLICA ALL")))
+
+
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("flavour", ["mariadb", "mysql"])
 def test_the_parser_moves_to_a_gtid_replica_without_loss_duplicates_or_reordering(
-        mariadb_factory: Callable[..., MariaDB], parser_factory: ParserFactory,
-        sink_factory: Callable[..., ServiceProcess], nats_url: str) -> None:
-    primary = mariadb_factory()
-    replica = mariadb_factory(extra_args=["--server-id=2"])
-    replica.execute(f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port}, MASTER_USER='root', "
-                    "MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos", "START SLAVE")
+        flavour: str, mariadb_factory: Callable[..., MariaDB], mysql_factory: Callable[..., MySQL],
+        parser_factory: ParserFactory, sink_factory: Callable[..., ServiceProcess], nats_url: str) -> None:
+    topology = Topology(flavour, mariadb_factory, mysql_factory)
+    primary, replica = topology.primary, topology.replica
     db = "shop"
     primary.execute(f"CREATE DATABASE {db}", *(f"CREATE TABLE {db}.{t} (id INT PRIMARY KEY, v INT)" for t in TABLES))
     first = parser_factory(BINLAKE_SOURCE_URL=primary.dsn(), BINLAKE_START="earliest")
@@ -65,11 +99,10 @@ def test_the_parser_moves_to_a_gtid_replica_without_loss_duplicates_or_reorderin
     workload(primary, db, rng, 150, ids)
 
     # The replica has everything; the primary dies (with the parser somewhere behind it or not).
-    pos = primary.query("SELECT @@gtid_binlog_pos")[0][0]
-    assert replica.query(f"SELECT MASTER_GTID_WAIT('{pos}', 60)")[0][0] == 0
+    topology.wait_replica()
     primary.kill()
     first.stop()
-    replica.execute("STOP SLAVE", "RESET SLAVE ALL")  # promoted
+    topology.promote()
 
     second = parser_factory(wait_ready=False, log_name="parser-2.log", BINLAKE_SOURCE_URL=replica.dsn(),
                             BINLAKE_START="earliest")
@@ -96,10 +129,14 @@ def test_the_parser_moves_to_a_gtid_replica_without_loss_duplicates_or_reorderin
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("flavour", ["mariadb", "mysql"])
 def test_a_server_that_lacks_the_published_transactions_is_refused_with_the_fix(
-        mariadb_factory: Callable[..., MariaDB], parser_factory: ParserFactory, nats_url: str) -> None:
-    primary = mariadb_factory()
-    stranger = mariadb_factory(extra_args=["--server-id=3"])  # not replicating from the primary
+        flavour: str, mariadb_factory: Callable[..., MariaDB], mysql_factory: Callable[..., MySQL],
+        parser_factory: ParserFactory, nats_url: str) -> None:
+    if flavour == "mariadb":
+        primary, stranger = mariadb_factory(), mariadb_factory(extra_args=["--server-id=3"])
+    else:
+        primary, stranger = mysql_factory(), mysql_factory(server_id=3)  # not replicating from the primary
     primary.execute("CREATE DATABASE shop", "CREATE TABLE shop.a (id INT PRIMARY KEY, v INT)",
                     *(f"INSERT INTO shop.a VALUES ({i}, 0)" for i in range(20)))
     first = parser_factory(BINLAKE_SOURCE_URL=primary.dsn(), BINLAKE_START="earliest")

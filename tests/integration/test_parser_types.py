@@ -6,19 +6,21 @@ import pytest
 
 from tests.integration.support import ServiceProcess, read_stream_sync, row_changes, wait_until
 from tests.integration.type_matrix import MATRIX, expected_row, insert_sql, rows
-from tests.servers import MariaDB
+from tests.servers import BOTH_SOURCES, MariaDB
+
+pytestmark = BOTH_SOURCES
 
 
 @pytest.fixture
-def typed_table(mariadb: MariaDB, database: str) -> str:
+def typed_table(source: MariaDB, database: str) -> str:
     cols = ", ".join(f"c{i} {t}" for i, (t, _) in enumerate(MATRIX))
-    mariadb.execute(f"CREATE TABLE `{database}`.types (id INT PRIMARY KEY, touched INT NOT NULL DEFAULT 0, {cols})")
+    source.execute(f"CREATE TABLE `{database}`.types (id INT PRIMARY KEY, touched INT NOT NULL DEFAULT 0, {cols})")
     return database
 
 
-def test_every_type_arrives_exactly(mariadb: MariaDB, typed_table: str, parser: ServiceProcess, nats_url: str) -> None:
+def test_every_type_arrives_exactly(source: MariaDB, typed_table: str, parser: ServiceProcess, nats_url: str) -> None:
     db = typed_table
-    conn = mariadb.connect()
+    conn = source.connect()
     with conn.cursor() as cur:
         cur.execute("SET SESSION sql_mode = ''")  # zero dates are legal input here
         cur.execute("SET SESSION time_zone = '+00:00'")
@@ -44,9 +46,9 @@ def test_every_type_arrives_exactly(mariadb: MariaDB, typed_table: str, parser: 
         assert deletes[r] == {**expected, "touched": 1}
 
 
-def test_schema_travels_with_types(mariadb: MariaDB, typed_table: str, parser: ServiceProcess, nats_url: str) -> None:
+def test_schema_travels_with_types(source: MariaDB, typed_table: str, parser: ServiceProcess, nats_url: str) -> None:
     db = typed_table
-    mariadb.execute(f"INSERT INTO `{db}`.types (id) VALUES (1)")
+    source.execute(f"INSERT INTO `{db}`.types (id) VALUES (1)")
     msg = wait_until(lambda: row_changes(read_stream_sync(nats_url), db), 30, "the insert")[0]
     schema = msg.env["schema"]
     assert msg.env["pk"] == ["id"]
@@ -67,10 +69,10 @@ def test_schema_travels_with_types(mariadb: MariaDB, typed_table: str, parser: S
     assert schema["id"] and len(schema["id"]) == 16
 
 
-def test_timestamp_is_utc_whatever_the_session_zone(mariadb: MariaDB, database: str, parser: ServiceProcess,
+def test_timestamp_is_utc_whatever_the_session_zone(source: MariaDB, database: str, parser: ServiceProcess,
                                                     nats_url: str) -> None:
-    mariadb.execute(f"CREATE TABLE `{database}`.ts (id INT PRIMARY KEY, t TIMESTAMP(3) NULL)")
-    conn = mariadb.connect()
+    source.execute(f"CREATE TABLE `{database}`.ts (id INT PRIMARY KEY, t TIMESTAMP(3) NULL)")
+    conn = source.connect()
     with conn.cursor() as cur:
         cur.execute("SET SESSION time_zone = '+02:00'")
         cur.execute(f"INSERT INTO `{database}`.ts VALUES (1, '2020-06-01 12:00:00.500')")
@@ -79,10 +81,10 @@ def test_timestamp_is_utc_whatever_the_session_zone(mariadb: MariaDB, database: 
     assert msg.env["rows"][0]["after"]["t"] == "2020-06-01T10:00:00.500Z"
 
 
-def test_geometry_is_stored_bytes(mariadb: MariaDB, database: str, parser: ServiceProcess, nats_url: str) -> None:
-    mariadb.execute(f"CREATE TABLE `{database}`.g (id INT PRIMARY KEY, g GEOMETRY)",
+def test_geometry_is_stored_bytes(source: MariaDB, database: str, parser: ServiceProcess, nats_url: str) -> None:
+    source.execute(f"CREATE TABLE `{database}`.g (id INT PRIMARY KEY, g GEOMETRY)",
                     f"INSERT INTO `{database}`.g VALUES (1, ST_GeomFromText('POINT(1 2)'))")
-    stored = mariadb.query(f"SELECT g FROM `{database}`.g")[0][0]
+    stored = source.query(f"SELECT g FROM `{database}`.g")[0][0]
     msg = wait_until(lambda: row_changes(read_stream_sync(nats_url), database), 30, "the insert")[0]
     assert msg.env["rows"][0]["after"]["g"] == stored
     assert stored[:4] == b"\x00\x00\x00\x00" and len(stored) == 25  # SRID + WKB point

@@ -32,10 +32,11 @@ from tests.integration.support import (
     assert_table_order,
     read_stream_sync,
     row_changes,
+    snapshot_cli,
     wait_until,
 )
 from tests.integration.type_matrix import MATRIX, insert_sql
-from tests.servers import MariaDB, NatsServer
+from tests.servers import BOTH_SOURCES, MariaDB, NatsServer
 
 ROWS = 100_000
 CHUNK = "2000"
@@ -44,18 +45,13 @@ SNAPSHOT_ENV = {"BINLAKE_SNAPSHOT_CHUNK_ROWS": CHUNK, "BINLAKE_SNAPSHOT_POLL_S":
                 "BINLAKE_SNAPSHOT_MAX_ROWS_S": "12000"}
 
 
-def snapshot_cli(nats_url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {"BINLAKE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "services.cli", "snapshot", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def snapshot_rows(msgs: list[StoredMsg], db: str, table: str) -> list[StoredMsg]:
     return [m for m in msgs if m.env.get("db") == db and m.env.get("table") == table and m.env["op"] == "r"]
 
 
+@BOTH_SOURCES
 @pytest.mark.parametrize("charsets", ["mixed", "utf8"])
-def test_snapshot_rows_equal_binlog_rows_for_every_type(mariadb: MariaDB, database: str, parser: ServiceProcess,
+def test_snapshot_rows_equal_binlog_rows_for_every_type(source: MariaDB, database: str, parser: ServiceProcess,
                                                         nats_url: str, tmp_path: Path, charsets: str) -> None:
     """The same rows read by SELECT and decoded from the binlog are identical, schema included:
     for a table with a latin1 column (every text value decoded by binlake) and one whose text is
@@ -64,8 +60,8 @@ def test_snapshot_rows_equal_binlog_rows_for_every_type(mariadb: MariaDB, databa
     types = [t if charsets == "mixed" else t.replace("CHARACTER SET latin1", "CHARACTER SET utf8mb4")
              for t, _ in MATRIX]
     cols = ", ".join(f"c{i} {t}" for i, t in enumerate(types))
-    mariadb.execute(f"CREATE TABLE `{db}`.types (id INT PRIMARY KEY, touched INT NOT NULL DEFAULT 0, {cols})")
-    conn = mariadb.connect()
+    source.execute(f"CREATE TABLE `{db}`.types (id INT PRIMARY KEY, touched INT NOT NULL DEFAULT 0, {cols})")
+    conn = source.connect()
     with conn.cursor() as cur:
         cur.execute("SET SESSION sql_mode = ''")
         for stmt in insert_sql(db):

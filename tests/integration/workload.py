@@ -26,6 +26,10 @@ class Workload:
     target: int
     seed: int = 7
     rate: float = 1500.0  # row changes per second, so a crash test overlaps the workload
+    # MySQL only: the share of transactions written with binlog_transaction_compression=ON in
+    # their session, and whether every third transaction carries a tagged GTID (uuid:etl:n)
+    compressed: float = 0.0
+    tagged: bool = False
     changes: int = 0
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
@@ -44,6 +48,7 @@ class Workload:
                     ahead = self.changes / self.rate - (time.monotonic() - started)
                     if ahead > 0:
                         time.sleep(ahead)
+                    self._session(cur, rnd)
                     for _ in range(rnd.choice([1, 1, 2, 3, 40])):  # statements per transaction
                         table = rnd.choice(list(TABLES))
                         self.changes += self._statement(cur, rnd, table, next_id)
@@ -53,6 +58,13 @@ class Workload:
         finally:
             conn.close()
             self.done.set()
+
+    def _session(self, cur: Any, rnd: random.Random) -> None:
+        """Between transactions: how the next one is logged (compressed, tagged) on MySQL."""
+        if self.compressed:
+            cur.execute(f"SET SESSION binlog_transaction_compression = {int(rnd.random() < self.compressed)}")
+        if self.tagged:
+            cur.execute("SET gtid_next = %s", ("AUTOMATIC:etl" if rnd.random() < 0.33 else "AUTOMATIC",))
 
     def _statement(self, cur: Any, rnd: random.Random, table: str, next_id: dict[str, int]) -> int:
         kind = rnd.choices(["insert", "update", "delete"], weights=[5, 3, 1])[0]

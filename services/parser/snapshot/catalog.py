@@ -8,6 +8,7 @@ else none (the table is then read whole, in one window).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,8 @@ def column_from_catalog(row: dict[str, Any]) -> Column:
         code, length = v.BLOB, _LOBS[lob.group(1)]
     elif data_type in _GEOMETRY:
         code, length = v.GEOMETRY, 4
+    elif data_type == "vector":
+        code, length = v.VECTOR, 4
     else:
         code, length = _CODES.get(data_type), 0
     if code is None:
@@ -85,7 +88,7 @@ def column_from_catalog(row: dict[str, Any]) -> Column:
     elif code == v.JSON:
         length = 4
     collation = "binary" if data_type in _BINARY_TYPES else str(row["COLLATION_NAME"] or "")
-    return build_column(
+    column = build_column(
         str(row["COLUMN_NAME"]), code, str(row["IS_NULLABLE"]).upper() == "YES", collation=collation,
         # Only numeric columns carry the flag (an ENUM member may be called 'unsigned'); the
         # TableMap flags YEAR unsigned too.
@@ -95,6 +98,10 @@ def column_from_catalog(row: dict[str, Any]) -> Column:
         fsp=int(row["DATETIME_PRECISION"] or 0) if code in (v.DATETIME2, v.TIMESTAMP2, v.TIME2) else 0,
         length=length, members=found,
     )
+    if code == v.VECTOR:  # vector(3): as the TableMap's VECTOR_DIMENSIONALITY says it
+        dimensions = re.search(r"\((\d+)\)", column_type)
+        column = dataclasses.replace(column, dimensions=int(dimensions.group(1)) if dimensions else 0)
+    return column
 
 
 def choose_key(columns: tuple[Column, ...],

@@ -118,7 +118,9 @@ def _unicode_safe(col: Column) -> bool:
         return col.ctype.encoding == "utf-8" if col.ctype.encoding else col.charset == "binary"
     if code in (v.ENUM, v.SET):  # sent as strings in the column's charset
         return CODECS.get(col.charset or "") == "utf-8"
-    return True  # numbers, temporal values, BIT, GEOMETRY, MySQL's JSON (always UTF-8)
+    # numbers, temporal values, BIT, GEOMETRY, MySQL's JSON (always UTF-8); not VECTOR's float32
+    # bytes, which asyncmy does not know to leave alone
+    return code != v.VECTOR
 
 
 def reads_unicode(columns: tuple[Column, ...]) -> bool:
@@ -158,6 +160,8 @@ def text_decoder_for(col: Column, stats: v.DecodeStats, *, unicode: bool = False
         return _json
     if code == v.GEOMETRY:
         return _same
+    if code == v.VECTOR:
+        return v.vector_value
     raise DecodeError(f"column {col.name} of type {col.type} cannot be snapshotted")
 
 
@@ -228,7 +232,7 @@ def _most_bytes(col: Column) -> int | None:
         return 256 ** t.length - 1 if t.length < 4 else None
     if t.code in (v.ENUM, v.SET):
         return sum(len(m.encode()) + 1 for m in t.values) * 4
-    if t.code in (v.JSON, v.GEOMETRY):
+    if t.code in (v.JSON, v.GEOMETRY, v.VECTOR):
         return None
     return _SMALL
 

@@ -118,8 +118,9 @@ class Watermarks:
             async with conn.cursor() as cur:
                 await cur.execute(
                     f"INSERT INTO {self._name} (src, slot, win, mark) VALUES (%s, %s, %s, %s) "
-                    "ON DUPLICATE KEY UPDATE win = VALUES(win), mark = VALUES(mark)",
-                    (self.source, slot, window_id, mark),
+                    # not VALUES(col): MySQL 8.0.20+ warns on it, MariaDB lacks the row alias
+                    "ON DUPLICATE KEY UPDATE win = %s, mark = %s",
+                    (self.source, slot, window_id, mark, window_id, mark),
                 )
         except asyncmy.errors.MySQLError as exc:
             raise self._error(exc) from exc

@@ -308,6 +308,12 @@ def test_unmappable_type_is_reported_not_raised(sql_def, unknown):
     assert add_op(sql_def) == {"op": "add", "unknown": unknown, "name": "c"}
 
 
+def test_mysql_vector_carries_its_dimensions():
+    assert add_op("VECTOR(3)", mariadb=False)["column"] == {"name": "c", "type": "vector", "nullable": True,
+                                                             "dimensions": 3}
+    assert add_op("VECTOR", mariadb=False)["column"]["dimensions"] == 2048
+
+
 # -- defaults: the value every existing row gets -----------------------------------------------
 
 MYSQL = False

@@ -30,7 +30,7 @@ def test_another_server_with_every_published_transaction_continues_by_gtid_in_th
 @pytest.mark.parametrize(("server_gtid", "mariadb", "last", "match"), [
     ("0-1-119", True, LAST, "lacks transactions binlake already published"),
     ("", True, LAST, "lacks transactions"),
-    ("0-1-200", False, LAST, "no GTID"),
+    ("0-1-200", False, Resume("binlog.000007", 1234, None, server=1), "no GTID"),
     ("0-1-200", True, Resume("mysql-bin.000007", 1234, None, server=1), "no GTID"),
     ("0-1-200", True, Resume("mysql-bin.000007", 1234, "0-1-120", 1, envelope.MAX_EPOCH), "the most"),
 ])
@@ -51,3 +51,25 @@ def test_the_order_key_refuses_what_it_cannot_hold():
     with pytest.raises(envelope.EnvelopeError):
         envelope.scn("mysql-bin.16777216", 4)
     assert envelope.scn("mysql-bin.000042", 7) == 42 << 32 | 7  # epoch 0: the keys of before
+
+
+U1, U2 = "3e11fa47-71ca-11e1-9e33-c80aa9429562", "4e11fa47-71ca-11e1-9e33-c80aa9429562"
+MYSQL_LAST = Resume("binlog.000007", 1234, f"{U1}:1-120:etl:1-3", server=1, epoch=0)
+
+
+def test_mysql_moves_to_a_server_that_executed_the_published_set():
+    moved = resume_on(MYSQL_LAST, 2, False, f"{U1}:1-130:etl:1-5,{U2}:1-4")
+    assert moved == Resume("binlog.000007", 1234, f"{U1}:1-120:etl:1-3", 2, 1)
+
+
+@pytest.mark.parametrize(("server_gtid", "missing"), [
+    (f"{U1}:1-119:etl:1-3", f"{U1}:120"),
+    (f"{U1}:1-130", f"{U1}:etl:1-3"),
+    (f"{U2}:1-500", f"{U1}:1-120:etl:1-3"),
+    ("", f"{U1}:1-120:etl:1-3"),
+    (f"{U1}:1-50:60-130:etl:1-3", f"{U1}:51-59"),
+])
+def test_mysql_refuses_a_server_that_lacks_published_transactions(server_gtid, missing):
+    with pytest.raises(SourceSwitched, match="lacks transactions") as err:
+        resume_on(MYSQL_LAST, 2, False, server_gtid)
+    assert missing in str(err.value)

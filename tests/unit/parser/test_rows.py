@@ -80,20 +80,20 @@ def test_null_bitmap_spans_two_bytes():
     [(b"\x07",), (b"\xff",), (b"\x07", b"\x07"), (b"\xff\xff",)],
 )
 def test_full_image_accepted(bitmaps):
-    check_full_image(T, *bitmaps)
+    check_full_image(T, "f:1", *bitmaps)
 
 
 @pytest.mark.parametrize("bitmaps", [(b"\x03",), (b"\x05",), (b"\x07", b"\x06"), (b"\x01", b"\x07"), (b"",)])
 def test_partial_image_is_refused(bitmaps):
     with pytest.raises(SourceMisconfigured, match=r"shop\.orders.*binlog_row_image=FULL"):
-        check_full_image(T, *bitmaps)
+        check_full_image(T, "f:1", *bitmaps)
 
 
 def test_full_image_with_more_than_eight_columns():
     wide = table(*((f"c{i}", ColumnType(v.TINY)) for i in range(10)), pk=())
-    check_full_image(wide, b"\xff\x03")
+    check_full_image(wide, "f:1", b"\xff\x03")
     with pytest.raises(SourceMisconfigured):
-        check_full_image(wide, b"\xff\x01")
+        check_full_image(wide, "f:1", b"\xff\x01")
 
 
 @pytest.mark.parametrize(

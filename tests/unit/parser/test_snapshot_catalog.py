@@ -235,12 +235,17 @@ def test_date_has_no_fsp() -> None:
     assert c.ctype.fsp == 0 and "fsp" not in c.describe()
 
 
+def test_mysql_vector_reads_its_dimensions() -> None:
+    col = column_from_catalog(cat("v", "vector", "vector(3)"))
+    assert (col.type, col.dimensions, col.ctype.length) == ("vector", 3, 4)
+
+
 def test_data_type_is_case_insensitive() -> None:
     assert column_from_catalog(cat("v", "VARCHAR", "varchar(2)", octets=8, collation=UTF8)).type == "varchar"
 
 
 @pytest.mark.parametrize(("data_type", "column_type"), [("uuid", "uuid"), ("inet6", "inet6"), ("inet4", "inet4"),
-                                                         ("vector", "vector(3)"), ("xml", "xml")])
+                                                         ("xml", "xml")])
 def test_unsupported_types_raise(data_type: str, column_type: str) -> None:
     with pytest.raises(UnsupportedColumn, match=re.escape(f"column odd has type {column_type}, ")):
         column_from_catalog(cat("odd", data_type, column_type))
