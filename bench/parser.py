@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Parser benchmark: bare mysql-replication loop vs. `python -m services.parser`.
 
-Starts a private MariaDB and nats-server (tests/servers.py), writes N row changes
+Starts a private MariaDB or MySQL (`--source`) and nats-server (tests/servers.py), writes N row changes
 (inserts/updates/deletes, multi-row statements, 3 tables of mixed types), then on that
 same binlog range runs alternately
 
@@ -12,7 +12,9 @@ and reports rows/s of both, their ratio, message statistics, and the commit-to-m
 latency of single-row transactions with the parser caught up. Exits non-zero when the
 parser's output does not hold exactly the N row changes written.
 
-    python3 -m bench.parser [--rows 200000] [--runs 2] [--workdir DIR]
+The workload is the same on both servers, so their figures compare.
+
+    python3 -m bench.parser [--source mariadb|mysql] [--rows 200000] [--runs 2] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -59,14 +61,17 @@ from bench.common import (
     tail,
 )
 from shared import envelope
+from shared.mysql import binlog_status_sql
 from shared.subjects import Names
-from tests.servers import MariaDB, NatsServer, start_mariadb, start_nats
+from tests.servers import MariaDB, NatsServer, start_mariadb, start_mysql, start_nats
 
 DB = "bench"
 SOURCE = "main"
 TABLES = ("t_wide", "t_bin", "t_narrow")
 LAT_TABLE = "t_lat"
 PLAN = (("i", 200), ("u", 80), ("d", 40))  # per table per transaction
+SERVERS: dict[str, Callable[[Path], MariaDB]] = {"mariadb": start_mariadb, "mysql": start_mysql}
+GTID_SQL = {"mariadb": "SELECT @@gtid_binlog_pos", "mysql": "SELECT @@gtid_executed"}
 CHECK_COLUMN = {"t_wide": "a", "t_bin": "n", "t_narrow": "v"}  # int columns replayed and compared
 
 DDL = (
@@ -212,16 +217,22 @@ def apply_op(cur: Any, rng: random.Random, table: str, op: str, lo: int, hi: int
     return int(cur.execute(f"DELETE FROM {table} WHERE id BETWEEN %s AND %s", (lo, hi)))
 
 
-def master_status(db: MariaDB) -> BinlogPos:
-    """SHOW MASTER STATUS as a BinlogPos."""
-    row = db.query("SHOW MASTER STATUS")[0]
+def server_version(db: MariaDB) -> str:
+    """SELECT VERSION()."""
+    return str(db.query("SELECT VERSION()")[0][0])
+
+
+def binlog_status(db: MariaDB) -> BinlogPos:
+    """The binlog file and position being written (MySQL 8.4+ has no SHOW MASTER STATUS)."""
+    row = db.query(binlog_status_sql(server_version(db)))[0]
     return BinlogPos(str(row[0]), int(row[1]))
 
 
 def write_workload(db: MariaDB, n: int, seed: int = 42) -> Workload:
     """Write exactly n row changes in transactions; record the binlog range around them."""
     db.execute(*DDL)
-    wl = Workload(start=master_status(db), gtid_before=str(db.query("SELECT @@gtid_binlog_pos")[0][0]))
+    gtid_before = str(db.query(GTID_SQL[db.kind])[0][0]).replace("\n", "")
+    wl = Workload(start=binlog_status(db), gtid_before=gtid_before)
     rng, states = random.Random(seed), {t: TableState() for t in TABLES}
     conn = db.connect(database=DB, autocommit=False)
     t0 = time.perf_counter()
@@ -247,7 +258,7 @@ def write_workload(db: MariaDB, n: int, seed: int = 42) -> Workload:
     finally:
         conn.close()
     wl.seconds = time.perf_counter() - t0
-    wl.end = master_status(db)
+    wl.end = binlog_status(db)
     return wl
 
 
@@ -269,6 +280,8 @@ def run_baseline(db: MariaDB, wl: Workload, server_id: int) -> RunResult:
     """The bare mysql-replication loop over [start, end): decode and touch every row."""
     settings = {"host": db.host, "port": db.port, "user": "root", "passwd": ""}
     t0 = time.perf_counter()
+    # File and position on both servers, so both runs take the same path through mysql-replication
+    # (is_mariadb=True would switch to MariaDB's GTID dump, which ignores log_file/log_pos).
     stream = BinLogStreamReader(
         connection_settings=settings, server_id=server_id, blocking=True, is_mariadb=False,
         log_file=wl.start.file, log_pos=wl.start.offset, resume_stream=True, slave_heartbeat=1.0,
@@ -513,16 +526,16 @@ async def latency_phase(db: MariaDB, ns: NatsServer, js: JetStreamContext, log: 
         return await measure_latency(db, js, prefix, count, rate)
 
 
-def print_workload(wl: Workload, mariadb_version: str, nats_version: str) -> None:
+def print_workload(wl: Workload, db: MariaDB, nats_version: str) -> None:
     """Versions and what was written."""
-    print(f"MariaDB version      : {mariadb_version}")
+    print(f"{db.kind + ' version':<21}: {server_version(db)}")
     print(f"nats-server version  : {nats_version}")
     print(f"python               : {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     ops = ", ".join(f"{op}={wl.by_op[op]}" for op in ("i", "u", "d"))
     print(f"workload             : {wl.rows} row changes ({ops}) in {wl.transactions} transactions, "
           f"{wl.statements} statements, written in {wl.seconds:.1f}s")
     print(f"binlog range         : {wl.start} .. {wl.end} ({wl.end.offset - wl.start.offset} bytes if one file), "
-          f"gtid_binlog_pos before: {wl.gtid_before!r}")
+          f"GTIDs before: {wl.gtid_before!r}")
 
 
 def print_runs(runs: list[RunResult]) -> None:
@@ -587,12 +600,12 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     """Start the servers, write the workload, measure, report; stop the servers always."""
     logs = workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    db = start_mariadb(workdir / "mariadb")
+    db = SERVERS[args.source](workdir / args.source)
     ns: NatsServer | None = None
     try:
         ns = start_nats(workdir / "nats")
         nats_version = subprocess.run([ns.args[0], "--version"], capture_output=True, text=True).stdout.strip()
-        print_workload(wl := write_workload(db, args.rows), str(db.query("SELECT VERSION()")[0][0]), nats_version)
+        print_workload(wl := write_workload(db, args.rows), db, nats_version)
         runs, latencies, problems = asyncio.run(measure(db, ns, wl, args, logs))
         print("---- summary")
         print_summary(runs, latencies)
@@ -611,6 +624,8 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
 def main() -> None:
     """Parse arguments and run in a temporary (or given) work directory."""
     ap = arguments(__doc__, "keep servers' files and parser logs here (default: temp, removed)")
+    ap.add_argument("--source", choices=sorted(SERVERS), default="mariadb",
+                    help="the server whose binlog is read (default mariadb)")
     ap.add_argument("--rows", type=int, default=200_000, help="row changes to write (default 200000)")
     ap.add_argument("--runs", type=int, default=2, help="alternating (a, b) pairs (default 2)")
     ap.add_argument("--lat-count", type=int, default=500, help="single-row transactions in the latency phase")

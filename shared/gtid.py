@@ -40,23 +40,34 @@ def _tag(text: str) -> str:
     return tag
 
 
+_TSIDS: dict[str, Tsid] = {}  # `uuid` / `uuid:tag` as written -> normalised; a topology has few
+
+
 def parse_gtid(text: str) -> tuple[Tsid, int]:
     """`uuid:n` or `uuid:tag:n` -> ((uuid, tag), n)."""
-    parts = text.split(":")
-    if len(parts) not in (2, 3) or not parts[-1].strip().isdigit() or int(parts[-1]) < 1:
+    head, _, number = text.rpartition(":")
+    tsid = _TSIDS.get(head)
+    if tsid is None:
+        parts = head.split(":")
+        if len(parts) not in (1, 2) or not head:
+            raise GtidError(f"{text!r} is not a MySQL GTID (uuid:n or uuid:tag:n)")
+        tsid = (_uuid(parts[0]), _tag(parts[1]) if len(parts) == 2 else "")
+        if len(_TSIDS) < 4096:
+            _TSIDS[head] = tsid
+    if not number.isdigit() or int(number) < 1:
         raise GtidError(f"{text!r} is not a MySQL GTID (uuid:n or uuid:tag:n)")
-    tag = _tag(parts[1]) if len(parts) == 3 else ""
-    return (_uuid(parts[0]), tag), int(parts[-1])
+    return tsid, int(number)
 
 
 class GtidSet:
     """A set of MySQL GTIDs: per (uuid, tag), sorted disjoint half-open intervals [start, end)."""
 
-    __slots__ = ("_intervals", "_text")
+    __slots__ = ("_intervals", "_members", "_text")
 
     def __init__(self, intervals: dict[Tsid, list[list[int]]] | None = None) -> None:
         self._intervals: dict[Tsid, list[list[int]]] = intervals or {}
         self._text: str | None = None
+        self._members: dict[Tsid, str] = {}  # each (uuid, tag)'s ranges as text, kept while unchanged
 
     # -- text ---------------------------------------------------------------------------
 
@@ -87,13 +98,15 @@ class GtidSet:
         return out
 
     def __str__(self) -> str:
+        # Asked for at every commit (the resume point): only the ranges that changed are formatted again.
         if self._text is None:
             members: dict[str, list[str]] = {}
-            for (sid, tag), ranges in sorted(self._intervals.items()):
-                items = members.setdefault(sid, [])
-                if tag:
-                    items.append(tag)
-                items += [str(a) if b == a + 1 else f"{a}-{b - 1}" for a, b in ranges]
+            for tsid in sorted(self._intervals):
+                text = self._members.get(tsid)
+                if text is None:
+                    ranges = ":".join(str(a) if b == a + 1 else f"{a}-{b - 1}" for a, b in self._intervals[tsid])
+                    text = self._members[tsid] = f"{tsid[1]}:{ranges}" if tsid[1] else ranges
+                members.setdefault(tsid[0], []).append(text)
             self._text = ",".join(f"{sid}:{':'.join(items)}" for sid, items in members.items())
         return self._text
 
@@ -110,6 +123,11 @@ class GtidSet:
         return bool(self._intervals)
 
     # -- set operations -----------------------------------------------------------------
+
+    def has(self, gtid: str) -> bool:
+        """Whether one transaction (`uuid:n` / `uuid:tag:n`) is in the set."""
+        tsid, n = parse_gtid(gtid)
+        return any(a <= n < b for a, b in self._intervals.get(tsid, ()))
 
     def add(self, gtid: str) -> None:
         """Add one executed transaction (`uuid:n` / `uuid:tag:n`)."""
@@ -152,6 +170,7 @@ class GtidSet:
 
     def _add_range(self, tsid: Tsid, start: int, end: int) -> None:
         self._text = None
+        self._members.pop(tsid, None)
         ranges = self._intervals.setdefault(tsid, [])
         if ranges and ranges[-1][1] == start:  # the usual case: the next transaction of a server
             ranges[-1][1] = end

@@ -65,10 +65,12 @@ class MetaClient:
                                         "ddl": ddl, "ts": ts})
 
     async def rewind(self, source: str, client: str, *, timestamp_ms: int | None = None,
-                     position: str | None = None) -> dict[str, Any]:
+                     position: str | None = None, gtid: str | None = None) -> dict[str, Any]:
         req: dict[str, Any] = {"source": source, "client": client}
         if timestamp_ms is not None:
             req["timestamp"] = timestamp_ms
         if position is not None:
             req["position"] = position
+        if gtid is not None:
+            req["gtid"] = gtid
         return await self._call("rewind", req)

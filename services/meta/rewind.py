@@ -1,16 +1,19 @@
-"""Rewind a client to a timestamp or a binlog position (DTS-style seek).
+"""Rewind a client to a timestamp, a binlog position or a GTID set (DTS-style seek).
 
 The CDC stream interleaves tables, so no single sequence splits "before" from "after": the
 client's cursor goes to just before the first event at or after the point, and the point
 itself (`min_ts` / `min_scn`) filters out the older events that follow it in the stream.
 For a timestamp the scan starts at the first message JetStream stored at or after it (an
-event is always stored after its commit); for a position it starts at the beginning.
-Only headers are read.
+event is always stored after its commit); for a position it starts at the beginning. A GTID
+set (MySQL's `uuid:1-5,uuid:tag:1-3`, or MariaDB's GTID state `0-1-100,1-2-7`) names what the
+client already has: it goes back to the first transaction not in it. Only headers are read.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
+from collections.abc import Callable
 from typing import Any
 
 import nats.errors
@@ -21,6 +24,7 @@ from services.meta.backend import Conflict, MetaBackend
 from shared import cas, envelope, keys
 from shared.clients import ClientState
 from shared.errors import NatsUnavailable
+from shared.gtid import GtidError, GtidSet
 from shared.rpc import BadRequest, RpcError
 from shared.subjects import Names
 
@@ -51,6 +55,20 @@ class Rewinder:
             raise BadRequest(str(exc)) from None
         seq = await self._first(source, lambda h: int(h.get("Binlake-Scn", 0)) >= target)
         return await self._apply(source, client, seq, min_scn=target)
+
+    async def to_gtid(self, source: str, client: str, gtids: str) -> dict[str, Any]:
+        has = gtid_set_member(gtids)
+        found: list[int] = []
+
+        def reached(h: dict[str, str]) -> bool:
+            tag = envelope.txn_tag(h)
+            if tag is None or has(tag[0]):
+                return False
+            found.append(int(h.get("Binlake-Scn", 0)))
+            return True
+
+        seq = await self._first(source, reached)
+        return await self._apply(source, client, seq, min_scn=found[0] if found else 0)
 
     async def _first(self, source: str, reached: Any, start_time: dt.datetime | None = None) -> int:
         """The first CDC sequence whose headers satisfy `reached` (or the next sequence to come)."""
@@ -94,3 +112,36 @@ class Rewinder:
 
 
 
+
+
+_MARIADB_STATE = re.compile(r"\s*\d+-\d+-\d+\s*(,\s*\d+-\d+-\d+\s*)*")
+
+
+def gtid_set_member(text: str) -> Callable[[str], bool]:
+    """Whether a transaction id (its GTID) is in `text`: a MariaDB GTID state or a MySQL GTID set.
+
+    BadRequest for text that is neither, and for a transaction without a GTID of that kind (a
+    source without GTIDs cannot be rewound by GTID).
+    """
+    if _MARIADB_STATE.fullmatch(text):
+        state = {int(d): int(n) for d, _, n in (part.strip().split("-") for part in text.split(","))}
+
+        def mariadb(txn: str) -> bool:
+            parts = txn.split("-")
+            if len(parts) != 3 or not all(p.isdigit() for p in parts):
+                raise BadRequest(f"transaction {txn!r} in the stream has no MariaDB GTID to compare with {text!r}")
+            return int(parts[2]) <= state.get(int(parts[0]), 0)
+
+        return mariadb
+    try:
+        have = GtidSet.parse(text)
+    except GtidError as exc:
+        raise BadRequest(f"not a GTID set: {exc}") from None
+
+    def mysql(txn: str) -> bool:
+        try:
+            return have.has(txn)
+        except GtidError:
+            raise BadRequest(f"transaction {txn!r} in the stream has no MySQL GTID to compare with the set") from None
+
+    return mysql

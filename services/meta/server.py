@@ -90,10 +90,12 @@ class MetaServer:
 
     async def rewind(self, req: dict[str, Any]) -> dict[str, Any]:
         source, client = require(req, "source", str), require_client(req)
-        if ("timestamp" in req) == ("position" in req):
-            raise BadRequest("give exactly one of 'timestamp' (ms) or 'position' ('file:offset')")
+        if sum(k in req for k in ("timestamp", "position", "gtid")) != 1:
+            raise BadRequest("give exactly one of 'timestamp' (ms), 'position' ('file:offset') or 'gtid' (a GTID set)")
         if "timestamp" in req:
             return await self._rewinder.to_timestamp(source, client, require(req, "timestamp", int))
+        if "gtid" in req:
+            return await self._rewinder.to_gtid(source, client, require(req, "gtid", str))
         return await self._rewinder.to_position(source, client, require(req, "position", str))
 
 

@@ -182,7 +182,8 @@ class BinlogReader:
             raise SourceMisconfigured(
                 f"a partial JSON update at {file}:{start}: a session wrote it with binlog_row_value_options="
                 "PARTIAL_JSON; set binlog_row_value_options='' on the source (globally, and in sessions that "
-                "override it), then take a snapshot of the table it changed and rewind the parser past it"
+                "override it); binlake cannot carry that transaction exactly: to go on past it, reset the parser to "
+                "the current position and take a new snapshot of the tables"
             )
         if isinstance(event, ev.XAPrepareEvent):
             raise DecodeError(f"XA transaction at {file}:{start}: binlake does not support XA transactions yet")

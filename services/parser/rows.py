@@ -27,8 +27,8 @@ def check_full_image(table: TableSchema, where: str, *bitmaps: bytes) -> None:
             raise SourceMisconfigured(
                 f"rows of {table.db}.{table.table} at {where} are logged without all columns (a session with "
                 "binlog_row_image=MINIMAL or NOBLOB wrote them); set binlog_row_image=FULL on the source (globally, "
-                "and in sessions that override it), then take a snapshot of that table and rewind the parser past "
-                "that transaction"
+                "and in sessions that override it); binlake cannot carry that transaction exactly: to go on past it, "
+                "reset the parser to the current position and take a new snapshot of the tables"
             )
 
 

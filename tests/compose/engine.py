@@ -6,8 +6,11 @@ docker0 bridge and its iptables chains). No registry is reachable here, so (PITF
 "Running the compose stack"):
 - the Dockerfile's base image is a Debian bookworm root file system made by mmdebstrap,
   imported under the name the Dockerfile starts FROM;
-- registry images of the compose file are stand-ins built from it (tests/compose/standins),
-  tagged with the very names the compose file uses, so the user's file runs unchanged;
+- registry images of the compose file are built here and tagged with the very names the
+  compose file uses, so the user's file runs unchanged: MySQL is the real server, MySQL 9.7 LTS
+  from Debian sid's packages (the root `binlake setup mysql` prepares, imported as an image, with
+  an entrypoint of the official image's contract: tests/compose/mysql); NATS and nats-box are
+  stand-ins built from the base image (tests/compose/standins);
 - compose v2 comes from Debian trixie's docker-compose and docker-buildx packages
   (bookworm's docker-compose 1.29 cannot read the file).
 """
@@ -21,11 +24,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDINS = Path(__file__).resolve().parent / "standins"
+MYSQL = Path(__file__).resolve().parent / "mysql"
+MYSQL_ROOT_IMAGE = "binlake-mysql-root:local"  # the prepared root as it is; tests/compose/mysql builds FROM it
 DEBIAN = "http://deb.debian.org/debian"
 BOOKWORM_SOURCES = (f"deb {DEBIAN} bookworm main", f"deb {DEBIAN} bookworm-updates main",
                     "deb http://deb.debian.org/debian-security bookworm-security main")
@@ -80,11 +86,11 @@ class Engine:
     # -- commands ------------------------------------------------------------------------------
 
     def run(self, *args: str | Path, timeout: float = 900, check: bool = True, cwd: Path | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+            env: dict[str, str] | None = None, stdin: IO[bytes] | None = None) -> subprocess.CompletedProcess[str]:
         started = time.monotonic()
         cmd = [str(a) for a in args]
         proc = subprocess.run(cmd, env={**self.env, **(env or {})}, cwd=cwd or ROOT, capture_output=True,
-                              text=True, timeout=timeout, check=False)
+                              text=True, timeout=timeout, check=False, stdin=stdin)
         self.log.append(f"$ {' '.join(cmd)}  ({time.monotonic() - started:.0f}s, exit {proc.returncode})")
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed with exit {proc.returncode}:\n"
@@ -158,16 +164,31 @@ class Engine:
         self.docker("import", "--change", 'CMD ["python3"]', tar, base_image(), timeout=600)
         tar.unlink()
 
-    def build_standins(self, nats_server: Path) -> None:
+    def import_root(self, root: Path, name: str) -> None:
+        """A root file system directory as an image, streamed through tar into `docker import`."""
+        # /dev, /proc and /sys are the container's own at run time.
+        tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "--exclude=./dev/*",
+                                "--exclude=./proc/*", "--exclude=./sys/*", "-c", "."], stdout=subprocess.PIPE)
+        try:
+            assert tar.stdout is not None
+            self.docker("import", "-", name, stdin=tar.stdout, timeout=600)
+        finally:
+            if tar.stdout is not None:
+                tar.stdout.close()
+            rc = tar.wait(60)
+        assert rc == 0, f"tar of {root} failed with exit {rc}"
+
+    def build_server_images(self, nats_server: Path, mysql_root: Path) -> None:
         """Images for the compose file's registry images, tagged with their names."""
         images = compose_images()
+        assert set(images) == {"mysql", "nats", "nats-box"}, f"images for {sorted(images)} needed"
+        self.import_root(mysql_root, MYSQL_ROOT_IMAGE)
+        self.docker("build", "--build-arg", f"BASE_IMAGE={MYSQL_ROOT_IMAGE}", "-t", images["mysql"], MYSQL)
         context = self.home / "nats-context"
         shutil.copytree(STANDINS / "nats", context)
         shutil.copy(nats_server, context / "nats-server")
-        contexts = {"mysql": STANDINS / "mysql", "nats": context, "nats-box": STANDINS / "nats-box"}
-        assert set(images) == set(contexts), f"stand-ins for {sorted(images)} needed"
-        for service, image in images.items():
-            self.docker("build", "--build-arg", f"BASE_IMAGE={base_image()}", "-t", image, contexts[service])
+        for service, directory in (("nats", context), ("nats-box", STANDINS / "nats-box")):
+            self.docker("build", "--build-arg", f"BASE_IMAGE={base_image()}", "-t", images[service], directory)
 
     def compose(self, *args: str, env: dict[str, str] | None = None, timeout: float = 900,
                 check: bool = True, file: str = "docker-compose.yml") -> subprocess.CompletedProcess[str]:

@@ -1,14 +1,16 @@
 """`docker compose up` for real: the project's own compose file on a private Docker engine.
 
-The engine, its base image and the stand-ins for registry images are built first (see
-engine.py); then, with deploy/docker-compose.yml unchanged (only its host ports moved off the
-machine's own MySQL and NATS through the documented variables):
+The engine, its base image, the MySQL 9.7 image (from the prepared MySQL root) and the
+stand-ins for the NATS images are built first (see engine.py); then, with
+deploy/docker-compose.yml unchanged (only its host ports moved off the machine's own MySQL and
+NATS through the documented variables):
 `up --build --wait`, a workload, `binlake verify` OK from inside the stack, `--scale sink=3`
 spreads the partitions over three workers, a kill -9 of the parser's process is restarted by
 Docker and nothing is lost or doubled, `down` then `up` continues where it stopped.
 
 Runs where the machine allows it (root, dockerd, mmdebstrap: `.ci/run` installs them on
-Debian); about 7 minutes, most of it building images.
+Debian, and prepares the MySQL root with `binlake setup mysql`); about 7 minutes, most of it
+building images.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from shared import permissions
 from shared.config import NatsSettings
 from tests.compose.engine import Engine, missing_tools
 from tests.integration.support import assert_nats_refuses_anonymous, assert_table_order, read_stream_sync, wait_until
-from tests.servers import free_port, nats_server_binary
+from tests.servers import free_port, mysql_root, nats_server_binary
 
 pytestmark = [
     pytest.mark.timeout(2700),
@@ -43,13 +45,17 @@ PASSWORD_VARIABLES = ("MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", *(f"BINL
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
+    try:
+        root = mysql_root()
+    except FileNotFoundError as exc:
+        pytest.skip(f"MySQL not available: {exc}")
     home = Path(tempfile.mkdtemp(prefix="blk-docker-", dir="/tmp"))  # short: unix socket paths
     eng = Engine(home)
     try:
         eng.start()
         eng.install_compose()
         eng.build_base()
-        eng.build_standins(Path(nats_server_binary()))
+        eng.build_server_images(Path(nats_server_binary()), root)
         yield eng
     except BaseException:
         print("\n".join(eng.log), "\n", eng.dockerd_log())

@@ -1,4 +1,4 @@
-"""The loader end to end: MariaDB -> parser -> sink -> BINLAKE_CDC -> store/meta -> loader -> Iceberg (DESIGN §7, §8.3).
+"""The loader end to end: MariaDB or MySQL -> parser -> sink -> BINLAKE_CDC -> store/meta -> loader -> Iceberg (DESIGN §7, §8.3).
 
 Every service is a real process; the loader runs its own Spark with the lake's hadoop
 catalog. The checks read the lake without Spark (pyiceberg): the current tables cell by
@@ -29,7 +29,7 @@ from shared import keys
 from shared.subjects import Names
 from tests.integration.lake_stack import Stack, assert_cells_equal, commits, events, run_verify_cli, services_answer
 from tests.integration.support import ServiceProcess, read_stream_sync, wait_until
-from tests.servers import MariaDB
+from tests.servers import BOTH_SOURCES, MariaDB
 
 ServiceFactory = Callable[..., ServiceProcess]
 
@@ -173,10 +173,10 @@ class LakeWorkload:
 
 
 @pytest.fixture
-def stack(mariadb: MariaDB, database: str, nats_url: str, parser: ServiceProcess, sink_factory: ServiceFactory,
+def stack(source: MariaDB, database: str, nats_url: str, parser: ServiceProcess, sink_factory: ServiceFactory,
           service_factory: ServiceFactory, tmp_path: Path) -> Stack:
-    """parser + one sink + meta + store running (no loader yet)."""
-    return start_stack(mariadb, database, nats_url, sink_factory, service_factory, tmp_path)
+    """parser + one sink + meta + store running (no loader yet), on the test's source server."""
+    return start_stack(source, database, nats_url, sink_factory, service_factory, tmp_path)
 
 
 def start_stack(mariadb: MariaDB, database: str, nats_url: str, sink_factory: ServiceFactory,
@@ -252,6 +252,7 @@ def run_load(stack: Stack, *, kills: int, merge_kill: bool, rate: float, target:
 
 
 @pytest.mark.timeout(1500)
+@BOTH_SOURCES
 def test_random_workload_with_ddl_and_kills_lands_in_the_lake_exactly(stack):
     """DDL of every kind, a keyless table with duplicates, case-colliding names; kills mid-batch and mid-merge."""
     stack.env_extra["BINLAKE_MERGE_ROWS"] = "1500"

@@ -672,7 +672,7 @@ async def test_nats_restart_mid_stream_loses_no_cursor(stack: Stack, nats_server
 
 
 @pytest.mark.timeout(240)
-async def test_rewind_to_a_timestamp_and_to_a_position(stack: Stack) -> None:
+async def test_rewind_to_a_timestamp_a_position_and_a_gtid_state(stack: Stack) -> None:
     db = stack.db
     await stack.sql(create(db))
     await stack.sql(*inserts(db, 100, 5, phase=1))
@@ -717,6 +717,12 @@ async def test_rewind_to_a_timestamp_and_to_a_position(stack: Stack) -> None:
     events = events_of(await drain(c, max_rows=3))
     assert ids_of(events) == [202, 203, 204, *range(300, 305), 400, 401, 402]
     assert keys(events)[0] == key(target)
+
+    # a GTID state that holds every transaction before that event: the same
+    domain, server, seq = target["txn"]["id"].split("-")  # MariaDB: its GTID
+    await meta.rewind("main", "rewinder", gtid=f"{domain}-{server}-{int(seq) - 1}")
+    events = events_of(await drain(c, max_rows=3))
+    assert ids_of(events) == [202, 203, 204, *range(300, 305), 400, 401, 402]
 
     # a new client starting at phase 2's timestamp sees the same
     fresh = stack.client("fresh")
