@@ -1,4 +1,4 @@
-"""The loader end to end: MariaDB or MySQL -> parser -> sink -> BINLAKE_CDC -> store/meta -> loader -> Iceberg (DESIGN §7, §8.3).
+"""The loader end to end: source -> parser -> sink -> BINLAKE_CDC -> store/meta -> loader -> Iceberg (DESIGN §7, §8.3).
 
 Every service is a real process; the loader runs its own Spark with the lake's hadoop
 catalog. The checks read the lake without Spark (pyiceberg): the current tables cell by

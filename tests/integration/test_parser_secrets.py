@@ -89,6 +89,7 @@ def test_account_statements_are_published_redacted(
         source.execute(*statements, table_ddl, link_ddl, f"INSERT INTO `{database}`.t VALUES (1, DEFAULT)")
         names = Names()
 
+        expected: list[tuple[str, ...]]
         if mysql:  # every password statement logged as a hash: IDENTIFIED WITH 'caching_sha2_password' AS '...'
             identified = f"{user} IDENTIFIED WITH 'caching_sha2_password' AS '***'"
             expected = [(f"CREATE USER {identified}",), (f"ALTER USER {identified}",),
