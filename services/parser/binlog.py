@@ -51,7 +51,7 @@ _ROW_OPS = {rev.WriteRowsEvent: "i", rev.UpdateRowsEvent: "u", rev.DeleteRowsEve
 ANONYMOUS_GTID = 0x22
 HEARTBEAT_V2 = 0x29
 _IGNORABLE = {0x1C, 0x1D, 0x24, 0x25, 0x05, 0x0D, 0x0E, 0xA0}  # ignorable, rows-query, context, intvar, rand...
-_MARIADB_COMPRESSED = set(range(0xA5, 0xAC))
+_MARIADB_COMPRESSED = {mysql_events.MARIADB_QUERY_COMPRESSED, *mysql_events.MARIADB_ROWS_COMPRESSED}
 
 
 class BinlogReader:
@@ -217,8 +217,11 @@ class BinlogReader:
             self._asm.previous_gtids(GtidSet.decode(self._body(event)))
             self._asm.between(file, end)
             return []
-        if etype in _MARIADB_COMPRESSED:
-            raise SourceMisconfigured(f"compressed binlog event at {file}:{start}; set log_bin_compress=OFF")
+        if etype in _MARIADB_COMPRESSED:  # log_bin_compress: the event it stands for, at its place
+            assert self._stream is not None
+            raw = bytes(event.packet.packet._data[1:20 + event.event_size])
+            inner = self._wrap(self._stream, mysql_events.mariadb_uncompressed(raw))
+            return [] if inner is None else self._dispatch(inner, file, start, end)
         if etype in _IGNORABLE:
             return []
         raise DecodeError(f"unknown binlog event type {etype:#x} at {file}:{start}; binlake cannot read it safely")

@@ -58,8 +58,6 @@ def check_settings(v: Mapping[str, str]) -> None:
                                   "MySQL >= 8.0.14 with binlog_row_metadata=FULL")
     if meta.upper() != "FULL":
         raise SourceMisconfigured(f"binlog_row_metadata is {meta.upper()}; set binlog_row_metadata=FULL")
-    if is_on("log_bin_compress"):
-        raise SourceMisconfigured("log_bin_compress is ON; set log_bin_compress=OFF (compressed events cannot be read)")
     if "PARTIAL_JSON" in v.get("binlog_row_value_options", "").upper():
         raise SourceMisconfigured("binlog_row_value_options is PARTIAL_JSON; set binlog_row_value_options=''")
 

@@ -27,7 +27,6 @@ def _fails_with(parser_factory: ParserFactory, nats_url: str, expected: str, tim
     (["--binlog-format=MIXED"], "binlog_format is MIXED; set binlog_format=ROW"),
     (["--binlog-row-image=MINIMAL"], "binlog_row_image is MINIMAL; set binlog_row_image=FULL"),
     (["--binlog-row-metadata=MINIMAL"], "binlog_row_metadata is MINIMAL; set binlog_row_metadata=FULL"),
-    (["--log-bin-compress=ON"], "log_bin_compress is ON; set log_bin_compress=OFF"),
 ])
 def test_wrong_server_settings_are_refused(mariadb_factory, parser_factory, nats_url, args, message):
     server: MariaDB = mariadb_factory(extra_args=args)

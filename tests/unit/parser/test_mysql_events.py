@@ -1,13 +1,21 @@
-"""services.parser.mysql_events: compressed transactions and tagged GTID events, from their bytes."""
+"""services.parser.mysql_events: compressed transactions and events, tagged GTID events, from their bytes."""
 
 from __future__ import annotations
 
 import struct
+import zlib
 
 import pytest
 import zstandard
 
-from services.parser.mysql_events import NONE, Payload, inner_events, parse_payload, parse_tagged_gtid
+from services.parser.mysql_events import (
+    NONE,
+    Payload,
+    inner_events,
+    mariadb_uncompressed,
+    parse_payload,
+    parse_tagged_gtid,
+)
 from shared.errors import DecodeError
 
 # The body of a real MySQL 9.7 GTID_TAGGED_LOG event (`SET gtid_next='AUTOMATIC:tag1'`).
@@ -61,3 +69,33 @@ def test_unknown_compression_is_refused():
     body = payload_body([event(0x10, b"x")])
     with pytest.raises(DecodeError, match="algorithm 7"):
         parse_payload(bytes([2, 1, 7]) + body[3:])
+
+
+def mariadb_compressed(data: bytes) -> bytes:
+    width = 1 if len(data) < 256 else 2
+    return bytes([0x80 | width]) + len(data).to_bytes(width, "big") + zlib.compress(data)
+
+
+def test_mariadb_compressed_query_becomes_the_plain_query():
+    status, db, sql = b"\x00\x01\x02", b"shop", b"ALTER TABLE t ADD COLUMN c INT" * 20
+    post = struct.pack("<IIBHH", 7, 0, len(db), 0, len(status))
+    plain = mariadb_uncompressed(event(0xA5, post + status + db + b"\x00" + mariadb_compressed(sql)))
+    assert plain == event(0x02, post + status + db + b"\x00" + sql)
+
+
+@pytest.mark.parametrize(("kind", "plain_kind", "extra"), [(0xA6, 0x17, b""), (0xA7, 0x18, b""),
+                                                           (0xA9, 0x1E, b"\x04\x00ab"), (0xAA, 0x1F, b"\x02\x00")])
+def test_mariadb_compressed_rows_become_the_plain_rows_event(kind, plain_kind, extra):
+    head = b"\x2a\x00\x00\x00\x00\x00" + b"\x01\x00" + extra  # table id, flags, (V2) extra data
+    bitmaps = b"\x03" + b"\xff" * (2 if plain_kind in (0x18, 0x1F) else 1)  # 3 columns
+    rows = b"row images " * 40
+    plain = mariadb_uncompressed(event(kind, head + bitmaps + mariadb_compressed(rows)))
+    assert plain == event(plain_kind, head + bitmaps + rows)
+
+
+def test_a_mariadb_compressed_event_that_lies_is_a_decode_error():
+    head = b"\x2a\x00\x00\x00\x00\x00\x01\x00\x03\xff"
+    with pytest.raises(DecodeError, match="header says"):
+        mariadb_uncompressed(event(0xA6, head + b"\x81\x10" + zlib.compress(b"short")))
+    with pytest.raises(DecodeError, match="compression header"):
+        mariadb_uncompressed(event(0xA6, head + b"\x00plain"))
