@@ -12,7 +12,6 @@ from tests.integration.type_matrix import MATRIX, expected_row, insert_sql, rows
 from tests.servers import BOTH_SOURCES, MariaDB
 
 
-
 def create_typed_table(server: MariaDB, db: str) -> str:
     cols = ", ".join(f"c{i} {t}" for i, (t, _) in enumerate(MATRIX))
     server.execute(f"CREATE TABLE `{db}`.types (id INT PRIMARY KEY, touched INT NOT NULL DEFAULT 0, {cols})")
