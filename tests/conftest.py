@@ -13,8 +13,8 @@ from tests.servers import (
     MySQL,
     NatsServer,
     mariadb_binaries,
-    mysql_root,
     nats_server_binary,
+    require_mysql,
     start_mariadb,
     start_mysql,
     start_nats,
@@ -28,13 +28,6 @@ def _require_mariadb() -> None:
         mariadb_binaries()
     except FileNotFoundError as exc:
         pytest.skip(f"MariaDB not available: {exc}")
-
-
-def require_mysql() -> None:
-    try:
-        mysql_root()
-    except FileNotFoundError as exc:
-        pytest.skip(f"MySQL not available: {exc}")
 
 
 def _require_nats() -> None:

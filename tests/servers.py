@@ -20,5 +20,14 @@ from services.launcher.servers import (
 BOTH_SOURCES = pytest.mark.parametrize("source", ["mariadb", "mysql"], indirect=True)
 MYSQL_SOURCE = pytest.mark.parametrize("source", ["mysql"], indirect=True)  # tests of what only MySQL has
 
+
+def require_mysql() -> None:
+    """Skip the calling test, saying why, where no MySQL root is prepared (`binlake setup mysql`)."""
+    try:
+        mysql_root()
+    except FileNotFoundError as exc:
+        pytest.skip(f"MySQL not available: {exc}")
+
+
 __all__ = ["BOTH_SOURCES", "MYSQL_SOURCE", "MariaDB", "MySQL", "NatsServer", "free_port", "mariadb_binaries",
-           "mysql_root", "nats_server_binary", "start_mariadb", "start_mysql", "start_nats"]
+           "mysql_root", "nats_server_binary", "require_mysql", "start_mariadb", "start_mysql", "start_nats"]

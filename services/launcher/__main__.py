@@ -16,6 +16,9 @@ def main() -> None:
     parser.add_argument("--source-url", help="capture this MySQL/MariaDB instead of a private MariaDB (a password "
                                              "here shows in `ps`: put the URL in a file named by "
                                              "BINLAKE_SOURCE_URL_FILE instead)")
+    parser.add_argument("--source", choices=["mariadb", "mysql"],
+                        help="the private source server without --source-url: mariadb (default) or mysql (MySQL 9.7; "
+                             "prepare it once with `binlake setup mysql`)")
     parser.add_argument("--snapshot", metavar="REGEX",
                         help="load the existing rows of matching tables (regex over db.table), e.g. 'shop\\..*'")
     parser.add_argument("--spark-workers", type=int, metavar="N",
@@ -31,6 +34,8 @@ def main() -> None:
             print("binlake up: the password in --source-url is visible to every user in `ps`; "
                   "put the URL in a file and name it in BINLAKE_SOURCE_URL_FILE", file=sys.stderr)
         os.environ["BINLAKE_SOURCE_URL"] = args.source_url
+    if args.source:
+        os.environ["BINLAKE_PRIVATE_SOURCE"] = args.source
     if args.snapshot:
         os.environ["BINLAKE_SNAPSHOT_TABLES"] = args.snapshot
     if args.spark_workers is not None:

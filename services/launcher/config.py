@@ -12,7 +12,8 @@ from shared.errors import ConfigError
 @dataclass(frozen=True)
 class LauncherConfig:
     data_dir: str = ".binlake"
-    source_url: str = ""  # empty: run a private MariaDB with the right binlog settings
+    source_url: str = ""  # empty: run a private source server (`private_source`) with the right binlog settings
+    private_source: str = "mariadb"  # the private server's kind: mariadb, or mysql (`binlake setup mysql` first)
     source: str = "main"
     nats_port: int = 4222  # taken when free, else a free port (remembered in the data dir)
     mariadb_port: int = 3306
@@ -28,6 +29,9 @@ class LauncherConfig:
         if not 1 <= self.nats_cluster <= 5:
             raise ConfigError(f"--nats-cluster must be 1..5 nodes (3 for a cluster that survives a node), "
                               f"got {self.nats_cluster}")
+        if self.private_source not in ("mariadb", "mysql"):
+            raise ConfigError(f"--source (BINLAKE_PRIVATE_SOURCE) must be mariadb or mysql, "
+                              f"got {self.private_source!r}")
         if self.spark_workers < 0:
             raise ConfigError(f"--spark-workers (BINLAKE_SPARK_WORKERS) must be >= 0, got {self.spark_workers}")
 

@@ -93,7 +93,8 @@ def spark_type(col: dict[str, Any]) -> str:
         return f"decimal({t.precision},{t.scale})"
     simple = {pa.int8(): "int", pa.int16(): "int", pa.int32(): "int", pa.int64(): "bigint",
               pa.float32(): "float", pa.float64(): "double", pa.date32(): "date", pa.string(): "string",
-              pa.binary(): "binary", pa.list_(pa.string()): "array<string>"}
+              pa.binary(): "binary", pa.list_(pa.string()): "array<string>",
+              pa.list_(pa.float32()): "array<float>"}
     if pa.types.is_timestamp(t):
         return "timestamp"
     return simple.get(t, "string")

@@ -11,6 +11,7 @@ Each side is read once and every cell put into one canonical form per DESIGN §4
 | DATE / DATETIME / TIMESTAMP | ISO text (microseconds; TIMESTAMP in UTC with `Z`) | zero and invalid dates are null |
 | TIME | signed microseconds | `[-]HHH:MM:SS[.f]` text in the lake |
 | SET | tuple of members | `'a,b'` in the source, array<string> in the lake |
+| VECTOR (MySQL 9) | tuple of float32 values | float32 bytes in the source, array<float> in the lake |
 | JSON | compact JSON with sorted keys and normalized numbers | equal when semantically equal |
 | text / ENUM, binary / BLOB / GEOMETRY | str, bytes | BINARY keeps its trailing 0x00 |
 
@@ -56,7 +57,7 @@ from shared.errors import ConfigError
 from shared.mysql import TLS_CIPHER_SQL, MysqlUrl, display, mysql_quote, parse_name
 from shared.mysql_types import BINARIES, INTEGERS, SPATIAL, TEXTS
 
-Cell: TypeAlias = int | float | str | bytes | tuple[str, ...] | None
+Cell: TypeAlias = int | float | str | bytes | tuple[str, ...] | tuple[float, ...] | None
 Row: TypeAlias = tuple[Cell, ...]
 Connection: TypeAlias = "pymysql.connections.Connection[Any]"
 Digests: TypeAlias = NDArray[np.uint64]
@@ -71,7 +72,8 @@ _KINDS = {
     **dict.fromkeys((*INTEGERS, "year", "bit"), "int"),
     **dict.fromkeys((*TEXTS, "enum"), "text"),
     **dict.fromkeys((*BINARIES, *SPATIAL), "bytes"),
-    **{t: t for t in ("float", "double", "decimal", "date", "datetime", "timestamp", "time", "set", "json")},
+    **{t: t for t in ("float", "double", "decimal", "date", "datetime", "timestamp", "time", "set", "json",
+                      "vector")},
 }
 _JSON_CHECK = re.compile(r"json_valid\(`((?:[^`]|``)*)`\)", re.IGNORECASE)
 
@@ -151,6 +153,12 @@ def _set(v: Any, _: int) -> Cell:
     return tuple(str(m) for m in v)
 
 
+def _vector(v: Any, _: int) -> Cell:
+    if isinstance(v, (bytes, bytearray)):  # the source: float32 values, little-endian
+        return tuple(float(x) for x in struct.unpack(f"<{len(v) // 4}f", v))
+    return tuple(_f32(float(x)) for x in v)
+
+
 def _json_text(obj: Any) -> str:
     if isinstance(obj, dict):
         return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + _json_text(obj[k]) for k in sorted(obj)) + "}"
@@ -178,7 +186,7 @@ def _text(v: Any, _: int) -> Cell:
 _CANON: dict[str, Callable[[Any, int], Cell]] = {
     "int": _int, "float": lambda v, _: _f32(float(v)), "double": lambda v, _: float(v) + 0.0,
     "decimal": _decimal, "date": _date, "datetime": _datetime, "timestamp": _timestamp, "time": _time,
-    "set": _set, "json": _json, "text": _text, "bytes": _text, "other": _text,
+    "set": _set, "json": _json, "vector": _vector, "text": _text, "bytes": _text, "other": _text,
 }
 
 
@@ -262,7 +270,9 @@ def show(column: Column, cell: Cell, window: slice | None = None, width: int = 3
         text = f"{sign}{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d}"
         return text + (f".{frac:06d}".rstrip("0") if frac else "")
     if column.kind == "set" and isinstance(cell, tuple):
-        return repr(",".join(cell))
+        return repr(",".join(map(str, cell)))
+    if column.kind == "vector" and isinstance(cell, tuple):
+        return "[" + ", ".join(_f32_text(float(x)) for x in cell) + "]"
     if column.kind in ("datetime", "timestamp") and isinstance(cell, str):
         return re.sub(r"\.?0+(Z?)$", r"\1", cell) if "." in cell else cell  # fraction without trailing zeros
     return str(cell)
@@ -653,8 +663,9 @@ def source_url(configured: str, data_dir: str) -> str:
         recorded = {}
     if isinstance(recorded, dict) and recorded.get("source_url"):
         return str(recorded["source_url"])
-    if isinstance(recorded, dict) and recorded.get("mariadb"):
-        return f"mysql://root@127.0.0.1:{int(recorded['mariadb'])}"  # the private MariaDB of `binlake up`
+    private = recorded.get("mariadb") or recorded.get("mysql") if isinstance(recorded, dict) else None
+    if private:
+        return f"mysql://root@127.0.0.1:{int(private)}"  # the private MariaDB or MySQL of `binlake up`
     raise ConfigError(f"no source URL: set BINLAKE_SOURCE_URL, or BINLAKE_DATA_DIR to the data directory of "
                       f"`binlake up` (no source recorded in {ports})")
 

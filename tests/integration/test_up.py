@@ -15,12 +15,19 @@ import pytest
 
 from shared import permissions
 from tests.integration.support import ROOT, assert_nats_refuses_anonymous, wait_until
+from tests.servers import require_mysql
 
 
 def _env(data: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
     env["BINLAKE_DATA_DIR"] = str(data)
     return env
+
+
+def _source_port(data: Path) -> int:
+    """The port of the private MariaDB or MySQL that `binlake up` recorded."""
+    ports = json.loads((data / "ports.json").read_text())
+    return int(ports.get("mariadb") or ports["mysql"])
 
 
 def _children(pid: int) -> set[int]:
@@ -47,21 +54,19 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
-def _start(data: Path, log: Path) -> subprocess.Popen[bytes]:
+def _start(data: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "services.launcher"], cwd=ROOT, env=_env(data),
+        return subprocess.Popen([sys.executable, "-m", "services.launcher", *args], cwd=ROOT, env=_env(data),
                                 stdout=out, stderr=subprocess.STDOUT)
 
 
 def _mysql(data: Path) -> pymysql.Connection:
-    port = json.loads((data / "ports.json").read_text())["mariadb"]
-    return pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True)
+    return pymysql.connect(host="127.0.0.1", port=_source_port(data), user="root", autocommit=True)
 
 
 def _cli(data: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = _env(data)
-    port = json.loads((data / "ports.json").read_text())["mariadb"]
-    env["BINLAKE_SOURCE_URL"] = f"mysql://root@127.0.0.1:{port}"
+    env["BINLAKE_SOURCE_URL"] = f"mysql://root@127.0.0.1:{_source_port(data)}"
     return subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -96,10 +101,14 @@ def _wait_verified(data: Path, log: Path, table: str, what: str) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_up_runs_the_stack_stops_on_sigint_and_continues(tmp_path):
+@pytest.mark.parametrize("flavour", ["mariadb", "mysql"])
+def test_up_runs_the_stack_stops_on_sigint_and_continues(tmp_path, flavour):
+    """`binlake up` on its private MariaDB, and with `--source mysql` on a private MySQL 9.7."""
+    if flavour == "mysql":
+        require_mysql()
     data = tmp_path / "binlake"
     log = tmp_path / "up.log"
-    up = _start(data, log)
+    up = _start(data, log, "--source", flavour)
     try:
         wait_until(lambda: "binlake is up" in log.read_text() or up.poll() is not None, 120, "the banner")
         assert up.poll() is None, log.read_text()
@@ -115,7 +124,8 @@ def test_up_runs_the_stack_stops_on_sigint_and_continues(tmp_path):
 
         status = _cli(data, "status", timeout=60)
         assert status.returncode == 0, status.stderr
-        assert "parser    mysql-bin." in status.stdout and "BINLAKE_CDC:" in status.stdout
+        binlog = "mysql-bin." if flavour == "mariadb" else "binlog."
+        assert f"parser    {binlog}" in status.stdout and "BINLAKE_CDC:" in status.stdout
         assert "owner=up-sink-" in status.stdout and "loader: acked=" in status.stdout
         tail = _cli(data, "tail", "demo.items", "--no-follow", "-n", "3", timeout=60)
         assert tail.returncode == 0, tail.stderr
@@ -130,7 +140,7 @@ def test_up_runs_the_stack_stops_on_sigint_and_continues(tmp_path):
         time.sleep(1)
         assert [p for p in children if _alive(p)] == [], "every child must be gone"
 
-        up = _start(data, log)  # the second run continues where the first stopped
+        up = _start(data, log, "--source", flavour)  # the second run continues where the first stopped
         wait_until(lambda: log.read_text().count("binlake is up") == 2, 120, "the second banner")
         conn = _mysql(data)
         with conn.cursor() as cur:

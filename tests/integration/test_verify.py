@@ -128,14 +128,15 @@ def lake(spark: SparkSession, tmp_path: Path) -> Lake:
 
 
 @pytest.fixture
-def source(mariadb: MariaDB) -> Iterator[Any]:
-    conn = verify.connect(mariadb.dsn())
-    with conn.cursor() as cur:
+def conn(mariadb: MariaDB) -> Iterator[Any]:
+    """A verify connection to the session MariaDB."""
+    connection = verify.connect(mariadb.dsn())
+    with connection.cursor() as cur:
         cur.execute("SET SESSION sql_mode = ''")  # zero dates are legal input here
     try:
-        yield conn
+        yield connection
     finally:
-        conn.close()
+        connection.close()
 
 
 def execute(conn: Any, *sql: str) -> None:
@@ -162,10 +163,10 @@ def typed_table(conn: Any, lake: Lake, db: str) -> Feed:
     return f
 
 
-def test_every_type_equal_then_a_difference_in_each_is_named(spark, lake, source, database):
+def test_every_type_equal_then_a_difference_in_each_is_named(spark, lake, conn, database):
     db = database
-    f = typed_table(source, lake, db)
-    result = verify.verify_table(spark, source, lake.catalog, db, "types")
+    f = typed_table(conn, lake, db)
+    result = verify.verify_table(spark, conn, lake.catalog, db, "types")
     assert result.lines() == [f"OK    {db}.types: {ROWS} rows"], result.lines()
 
     # one planted difference per column (row i <- column c<i>), the zero dates given values in the last row
@@ -182,9 +183,9 @@ def test_every_type_equal_then_a_difference_in_each_is_named(spark, lake, source
         updates.append({"before": before, "after": after})
     only_lake = {**row_image(3), "id": 1001}
     feed(lake, f.env("u", updates, COLUMNS, ["id"]), f.env("i", [{"after": only_lake}], COLUMNS, ["id"]))
-    execute(source, f"INSERT INTO `{db}`.types (id, c0) VALUES (1000, 5)")  # only in the source
+    execute(conn, f"INSERT INTO `{db}`.types (id, c0) VALUES (1000, 5)")  # only in the source
 
-    result = verify.verify_table(spark, source, lake.catalog, db, "types", limit=100)  # the un-merged tail
+    result = verify.verify_table(spark, conn, lake.catalog, db, "types", limit=100)  # the un-merged tail
     by_key = {d.key: d for d in result.differences}
     for row, cols in plants.items():
         assert set(by_key[f"({row},)"].columns) == {f"c{i}" for i in cols}, (TYPES[row][0], by_key[f"({row},)"])
@@ -208,22 +209,22 @@ def test_every_type_equal_then_a_difference_in_each_is_named(spark, lake, source
     assert "source=NULL lake=2000-01-01" in text[f"({zero_row},)"]
 
 
-def test_keyless_table_compares_as_a_multiset(spark, lake, source, database):
+def test_keyless_table_compares_as_a_multiset(spark, lake, conn, database):
     db = database
-    execute(source, f"CREATE TABLE `{db}`.bag (n INT, v VARCHAR(5))",
+    execute(conn, f"CREATE TABLE `{db}`.bag (n INT, v VARCHAR(5))",
             f"INSERT INTO `{db}`.bag VALUES (1, 'a'), (1, 'a'), (2, NULL)")
     cols = [{"name": "n", "type": "int", "nullable": True},
             {"name": "v", "type": "varchar", "nullable": True, "charset": "utf8mb4"}]
     f = Feed(db, "bag")
     feed(lake, f.env("i", [{"after": {"n": 1, "v": "a"}}, {"after": {"n": 1, "v": "a"}},
                               {"after": {"n": 2, "v": None}}], cols, []))
-    result = verify.verify_table(spark, source, lake.catalog, db, "bag")
+    result = verify.verify_table(spark, conn, lake.catalog, db, "bag")
     assert result.lines() == [f"OK    {db}.bag: 3 rows"]
 
     feed(lake, f.env("d", [{"before": {"n": 1, "v": "a"}}], cols, []),
          f.env("i", [{"after": {"n": 3, "v": "c"}}], cols, []))
-    execute(source, f"INSERT INTO `{db}`.bag VALUES (2, NULL)")
-    result = verify.verify_table(spark, source, lake.catalog, db, "bag")
+    execute(conn, f"INSERT INTO `{db}`.bag VALUES (2, NULL)")
+    result = verify.verify_table(spark, conn, lake.catalog, db, "bag")
     assert result.lines() == [
         f"DIFF  {db}.bag: source 4 rows, lake 3 rows",
         "  row (1, 'a'): 2 in source, 1 in lake",
@@ -232,12 +233,12 @@ def test_keyless_table_compares_as_a_multiset(spark, lake, source, database):
     ]
 
 
-def test_names_with_backticks_spaces_dots_and_non_ascii(spark, lake, source, mariadb):
+def test_names_with_backticks_spaces_dots_and_non_ascii(spark, lake, conn, mariadb):
     db, table, key, col = f"t_{uuid.uuid4().hex[:8]} `x.ü", "we`ird t.ä", "c`ol .é", "v .ß"
     q = mysql_quote
-    execute(source, f"CREATE DATABASE {q(db)} CHARACTER SET utf8mb4")
+    execute(conn, f"CREATE DATABASE {q(db)} CHARACTER SET utf8mb4")
     try:
-        execute(source, f"CREATE TABLE {q(db)}.{q(table)} ({q(key)} VARCHAR(10) PRIMARY KEY, {q(col)} INT)",
+        execute(conn, f"CREATE TABLE {q(db)}.{q(table)} ({q(key)} VARCHAR(10) PRIMARY KEY, {q(col)} INT)",
                 f"INSERT INTO {q(db)}.{q(table)} VALUES ('ä`.', 1), ('b', 2)")
         cols = [{"name": key, "type": "varchar", "nullable": False, "charset": "utf8mb4"},
                 {"name": col, "type": "int", "nullable": True}]
@@ -245,16 +246,16 @@ def test_names_with_backticks_spaces_dots_and_non_ascii(spark, lake, source, mar
         feed(lake, f.env("i", [{"after": {key: "ä`.", col: 1}}, {"after": {key: "b", col: 2}}], cols, [key]))
         name = display(db, table)
         assert name == f"{q(db)}.{q(table)}"
-        (result,) = verify.verify(spark, source, lake.catalog, [name])
+        (result,) = verify.verify(spark, conn, lake.catalog, [name])
         assert result.lines() == [f"OK    {name}: 2 rows"]
-        assert [r.table for r in verify.verify(spark, source, lake.catalog)] == [name]  # default: the lake's tables
+        assert [r.table for r in verify.verify(spark, conn, lake.catalog)] == [name]  # default: the lake's tables
 
         feed(lake, f.env("u", [{"before": {key: "ä`.", col: 1}, "after": {key: "ä`.", col: 7}}], cols, [key]))
-        (result,) = verify.verify(spark, source, lake.catalog, [name])
+        (result,) = verify.verify(spark, conn, lake.catalog, [name])
         assert result.lines() == [f"DIFF  {name}: source 2 rows, lake 2 rows",
                                   f"  key ('ä`.',): {q(col)} source=1 lake=7"]
     finally:
-        execute(source, f"DROP DATABASE IF EXISTS {q(db)}")
+        execute(conn, f"DROP DATABASE IF EXISTS {q(db)}")
 
 
 def test_source_url_comes_from_the_environment_or_what_binlake_up_recorded(tmp_path):
@@ -275,10 +276,10 @@ def _cli(*tables: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.timeout(600)
-def test_cli_exit_codes_and_output(spark, lake, source, database, mariadb, tmp_path):
+def test_cli_exit_codes_and_output(spark, lake, conn, database, mariadb, tmp_path):
     db = database
     cols = [ID, {"name": "price", "type": "decimal", "nullable": True, "precision": 6, "scale": 2}]
-    execute(source, f"CREATE TABLE `{db}`.ok (id INT PRIMARY KEY, price DECIMAL(6,2))",
+    execute(conn, f"CREATE TABLE `{db}`.ok (id INT PRIMARY KEY, price DECIMAL(6,2))",
             f"CREATE TABLE `{db}`.bad (id INT PRIMARY KEY, price DECIMAL(6,2))",
             f"INSERT INTO `{db}`.ok VALUES (1, 1.50), (2, NULL)",
             f"INSERT INTO `{db}`.bad VALUES (7, 1.50), (9, 2.00)")
@@ -314,3 +315,28 @@ def test_cli_exit_codes_and_output(spark, lake, source, database, mariadb, tmp_p
         "  key (9,): only in source",
         f"OK    {db}.ok: 2 rows",
     ]
+
+
+def test_mysql_vector_columns_compare_as_float32_lists(spark, lake, mysql):
+    """MySQL 9's VECTOR: float32 bytes in the source, array<float> in the lake."""
+    db = f"v_{uuid.uuid4().hex[:8]}"
+    connection = verify.connect(mysql.dsn())
+    try:
+        execute(connection, f"CREATE DATABASE {db}", f"CREATE TABLE {db}.vec (id INT PRIMARY KEY, v VECTOR(3))",
+                f"INSERT INTO {db}.vec VALUES (1, STRING_TO_VECTOR('[1.5, -2, 3.1]')), (2, NULL)")
+        f = Feed(db, "vec")
+        columns = [ID, {"name": "v", "type": "vector", "nullable": True, "dimensions": 3}]
+        third = struct.unpack("<f", struct.pack("<f", 3.1))[0]  # what the float32 holds
+        feed(lake, f.env("i", [{"after": {"id": 1, "v": [1.5, -2.0, third]}}, {"after": {"id": 2, "v": None}}],
+                         columns, ["id"]))
+        lake.merge_all()
+        assert spark.table(f"{lake.catalog}.{db}.vec").schema["v"].dataType.simpleString() == "array<float>"
+        (result,) = verify.verify(spark, connection, lake.catalog, [f"{db}.vec"])
+        assert result.equal, result.lines()
+        feed(lake, f.env("u", [{"before": {"id": 1, "v": [1.5, -2.0, third]},
+                                "after": {"id": 1, "v": [1.5, -2.0, 3.0]}}], columns, ["id"]))
+        (result,) = verify.verify(spark, connection, lake.catalog, [f"{db}.vec"])
+        assert not result.equal and "key (1,): v" in "\n".join(result.lines())
+    finally:
+        execute(connection, f"DROP DATABASE IF EXISTS {db}")
+        connection.close()
