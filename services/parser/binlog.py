@@ -236,19 +236,20 @@ class BinlogReader:
 
         Inner events have no position of their own; the k-th is placed at `start + k`, inside the
         payload event's own span, so order keys and message ids stay unique and increasing and a
-        replay places every event where it was. The transaction ends at the payload's end.
+        replay places every event where it was. The transaction ends at the payload's end. Each
+        inner event's messages go to the bridge as they are made (its bound holds here too).
         """
         stream = self._stream
         assert stream is not None
-        out: list[Outgoing] = []
         for k, raw in enumerate(mysql_events.inner_events(mysql_events.parse_payload(self._body(event)))):
             if start + k >= end:
                 raise DecodeError(f"compressed transaction at {file}:{start} holds more events than its "
                                   f"{end - start} bytes can number; binlake cannot order them")
             inner = self._wrap(stream, raw)
-            if inner is not None:
-                out += self._dispatch(inner, file, start + k, end)
-        return out
+            out = [] if inner is None else self._dispatch(inner, file, start + k, end)
+            if out:
+                self._bridge.put_many(out)
+        return []
 
     @staticmethod
     def _wrap(stream: BinLogStreamReader, raw: bytes) -> Any:

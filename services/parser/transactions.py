@@ -250,13 +250,20 @@ class Assembler:
             self._gtid_set.update(executed)
 
     def between(self, file: str, end: int) -> None:
-        """An event outside any transaction (rotate, GTID list, checkpoint) moved the position."""
-        if self._txn is None:
+        """An event outside any transaction (rotate, GTID list, checkpoint) moved the position.
+
+        Never backwards within a file: a resume by GTID streams the file from its start (its
+        FORMAT_DESCRIPTION and Previous_gtids lie before the resume point).
+        """
+        b = self._boundary
+        if self._txn is None and not (file == b.file and end < b.offset):
             self._boundary = self._at(file, end, self._state_str())
 
     def heartbeat(self, ts: int) -> list[Outgoing]:
-        """A heartbeat at the current boundary, only between transactions."""
-        if self._txn is not None:
+        """A heartbeat at the current boundary, only between transactions, and not while the
+        stream ends inside a transaction this run has not finished (its tail must keep the skip
+        mark that says which batches of it are stored)."""
+        if self._txn is not None or self.skip is not None:
             return []
         b = self._boundary
         scn = self.scn(b.file, b.offset)

@@ -35,6 +35,10 @@ from tests.servers import MYSQL_SOURCE, MySQL
 pytestmark = MYSQL_SOURCE
 
 
+def started(parser: ServiceProcess) -> bool:
+    return '"pipeline.start"' in parser.output or not parser.running
+
+
 def rows_of(nats_url: str, db: str, table: str | None = None) -> list[dict[str, Any]]:
     return [r for m in row_changes(read_stream_sync(nats_url), db) if table in (None, m.env["table"])
             for r in m.env["rows"]]
@@ -101,6 +105,7 @@ def test_compressed_and_tagged_transactions_survive_kill_9_and_resume_by_gtid(
     rnd = random.Random(3)
     kills, outputs = 0, []
     while not workload.done.is_set() or kills < 4:
+        wait_until(partial(started, parser), 60, "the parser to start")  # each kill lands mid-stream
         time.sleep(rnd.uniform(0.3, 1.2))
         parser.kill()
         outputs.append(parser.output)
@@ -198,9 +203,6 @@ def test_caching_sha2_password_login_with_and_without_tls(source: MySQL, databas
                    "DROP USER IF EXISTS 'cdc'@'%'",
                    "CREATE USER 'cdc'@'%' IDENTIFIED WITH caching_sha2_password BY 's3cret-pw'",
                    "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO 'cdc'@'%'")
-    def started(parser: ServiceProcess) -> bool:
-        return '"pipeline.start"' in parser.output or not parser.running
-
     def captured(rows: int, parser: ServiceProcess) -> bool:
         return len(rows_of(nats_url, db)) >= rows or not parser.running
 

@@ -394,6 +394,25 @@ def test_between_does_not_move_the_boundary_inside_a_transaction():
     assert a.boundary == Resume(F, 4, "0-1-5")
 
 
+def test_between_never_moves_back_within_a_file():
+    """A resume by GTID streams the file from its start: its first events are behind the boundary."""
+    a = asm(start=Resume(F, 5000, "0-1-5"))
+    a.between(F, 158)
+    assert a.boundary == Resume(F, 5000, "0-1-5")
+    a.between("mysql-bin.000002", 4)  # another server's or the next file: taken
+    assert a.boundary.file == "mysql-bin.000002"
+
+
+def test_no_heartbeat_while_the_stream_ends_inside_an_unfinished_transaction():
+    """After a restart mid-transaction the tail holds its first batches; a heartbeat published
+    before the transaction is finished would hide the skip mark and re-publish them."""
+    a = asm(start=Resume(F, 100, "0-1-5"), skip=SkipMark("0-1-6", 0))
+    assert a.heartbeat(TS) == []
+    out = mariadb_txn(a, "0-1-6", 100, 3)
+    assert [env(m)["txn"]["i"] for m in out] == [1, 2]  # batch 0 is stored
+    assert len(a.heartbeat(TS + 1)) == 1
+
+
 def test_resume_round_trip():
     r = Resume(F, 123, "0-1-5")
     assert Resume.from_dict(r.to_dict()) == r
