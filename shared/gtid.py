@@ -219,9 +219,13 @@ class GtidSet:
                     pos += 1 + length
                 (count,) = struct.unpack_from("<Q", data, pos)
                 pos += 8
+                if tag and not _TAG.fullmatch(tag):
+                    raise ValueError(f"tag {tag!r}")
                 for _ in range(count):
                     a, b = struct.unpack_from("<qq", data, pos)
                     pos += 16
+                    if not 1 <= a < b:
+                        raise ValueError(f"interval [{a}, {b})")
                     out._add_range((sid, tag), a, b)
         except (struct.error, IndexError, ValueError, UnicodeDecodeError) as exc:
             raise DecodeError(f"cannot decode a MySQL GTID set ({exc}); {bytes(data[:64]).hex()}") from None

@@ -29,7 +29,7 @@ from services.parser.columns import TableSchema, schema_from_table_map
 from services.parser.redact import redact
 from services.parser.rows import check_full_image, decode_rows
 from services.parser.snapshot.windows import Windows
-from services.parser.transactions import Assembler, Outgoing, Resume
+from services.parser.transactions import INNER_CHUNKS, Assembler, Outgoing, Resume
 from services.parser.values import DecodeStats
 from shared.bridge import BridgeClosed, ThreadBridge
 from shared.errors import (
@@ -74,10 +74,11 @@ class BinlogReader:
         self._stream: BinLogStreamReader | None = None
         self.events = 0
         self.stats = DecodeStats()
+        self._chunk = 0  # first chunk number of the event being handled (inside a compressed transaction)
 
     def _open(self, start: Resume) -> BinLogStreamReader:
         kwargs: dict[str, Any] = {}
-        if start.gtid:
+        if self._asm.by_gtid and start.gtid:
             # By GTID: on a promoted replica the same place has another file and offset.
             kwargs.update(is_mariadb=self._mariadb, auto_position=start.gtid)
         else:
@@ -234,21 +235,28 @@ class BinlogReader:
     def _payload(self, event: Any, file: str, start: int, end: int) -> list[Outgoing]:
         """A compressed transaction: its inner events, each carried as if it stood in the binlog.
 
-        Inner events have no position of their own; the k-th is placed at `start + k`, inside the
-        payload event's own span, so order keys and message ids stay unique and increasing and a
-        replay places every event where it was. The transaction ends at the payload's end. Each
-        inner event's messages go to the bridge as they are made (its bound holds here too).
+        Inner events have no position of their own: all stand at the payload event's, and the k-th
+        numbers its messages' chunks from k * INNER_CHUNKS, so (scn, chunk) and message ids stay
+        unique and increasing and a replay numbers every event as before. The transaction ends at
+        the payload's end. Each inner event's messages go to the bridge as they are made (its bound
+        holds here too), and each counts as a sign of life of the source.
         """
         stream = self._stream
         assert stream is not None
-        for k, raw in enumerate(mysql_events.inner_events(mysql_events.parse_payload(self._body(event)))):
-            if start + k >= end:
-                raise DecodeError(f"compressed transaction at {file}:{start} holds more events than its "
-                                  f"{end - start} bytes can number; binlake cannot order them")
-            inner = self._wrap(stream, raw)
-            out = [] if inner is None else self._dispatch(inner, file, start + k, end)
-            if out:
-                self._bridge.put_many(out)
+        try:
+            for k, raw in enumerate(mysql_events.inner_events(mysql_events.parse_payload(self._body(event)))):
+                if raw[4] not in mysql_events.INNER_EVENTS:
+                    raise DecodeError(f"compressed transaction at {file}:{start} holds an event of type "
+                                      f"{raw[4]:#x}, which no transaction payload may hold")
+                self._chunk = k * INNER_CHUNKS
+                inner = self._wrap(stream, raw)
+                out = [] if inner is None else self._dispatch(inner, file, start, end)
+                if out:
+                    self._bridge.put_many(out)
+                if self._seen is not None:
+                    self._seen()
+        finally:
+            self._chunk = 0
         return []
 
     @staticmethod
@@ -306,7 +314,7 @@ class BinlogReader:
                 return self._watermark(windows, rows, file, start, ts)
             if windows.active:
                 windows.on_rows(table.db, table.table, rows)
-        return self._asm.rows(op, table, rows, file, start, ts)
+        return self._asm.rows(op, table, rows, file, start, ts, self._chunk)
 
     def _watermark(self, windows: Windows, rows: list[dict[str, Any]], file: str, start: int,
                    ts: int) -> list[Outgoing]:
@@ -314,7 +322,7 @@ class BinlogReader:
         out: list[Outgoing] = []
 
         def emit(schema: TableSchema, chunk: list[dict[str, Any]]) -> int:
-            out.extend(self._asm.snapshot(schema, chunk, file, start, ts))
+            out.extend(self._asm.snapshot(schema, chunk, file, start, ts, self._chunk))
             return self._asm.scn(file, start)
 
         windows.on_watermark(rows, emit)

@@ -36,6 +36,7 @@ class SourceInfo:
     # database and table names in lower case, however a statement spells them.
     lower_case_table_names: int = 0
     server_id: int = 0  # @@server_id: which server of the topology this is (`failover`)
+    gtids: bool = True  # transactions have GTIDs: MariaDB, MySQL with gtid_mode=ON
 
 
 def check_settings(v: Mapping[str, str]) -> None:
@@ -116,10 +117,10 @@ async def inspect_source(dsn: MysqlUrl) -> SourceInfo:
         conn.close()
     if not status or not logs:
         raise SourceMisconfigured("the server reports no binary log status; enable log_bin and restart it")
+    gtid_on = mariadb or variables.get("gtid_mode", "").upper() == "ON"
     if mariadb:
         gtid: str | None = variables.get("gtid_binlog_pos", "") or None
     else:  # SHOW BINARY LOG STATUS: File, Position, Do_DB, Ignore_DB, Executed_Gtid_Set
-        gtid_on = variables.get("gtid_mode", "").upper() == "ON"
         gtid = str(status[0][4] or "").replace("\n", "") if gtid_on and len(status[0]) > 4 else None
     return SourceInfo(
         mariadb=mariadb, version=variables.get("version", ""),
@@ -128,4 +129,5 @@ async def inspect_source(dsn: MysqlUrl) -> SourceInfo:
         binlogs=tuple(str(r[0]) for r in logs),
         lower_case_table_names=int(variables.get("lower_case_table_names") or 0),
         server_id=int(variables.get("server_id") or 0),
+        gtids=gtid_on,
     )

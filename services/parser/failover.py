@@ -28,8 +28,8 @@ def resume_on(last: Resume, server_id: int, mariadb: bool, server_gtid: str | No
     `unfinished`: the transaction the stream ends inside of, if it does).
 
     The same server (or a position from before binlake recorded servers): `last` itself. Another
-    one: `last`'s GTID state, the new server, the next epoch; SourceSwitched when that cannot be
-    done without loss.
+    one: `last` in the next epoch, to be found there by its GTID state; SourceSwitched when that
+    cannot be done without loss.
     """
     if last.server is None or last.server == server_id:
         return Resume(last.file, last.offset, last.gtid, server_id, last.epoch)
@@ -55,7 +55,9 @@ def resume_on(last: Resume, server_id: int, mariadb: bool, server_gtid: str | No
             f"{where}, and server_id {server_id} lacks transactions binlake already published "
             f"(binlake is at {', '.join(behind)}, the server at {server_gtid or 'nothing'}): it is behind, or not "
             "of the same replication topology; point binlake at a server that has them (let a replica catch up)")
-    return Resume(last.file, last.offset, last.gtid, server_id, last.epoch + 1)
+    # Still the old server's position: until a transaction on the new one commits, it is found
+    # there by GTID only (a restart before that moves again, into the next epoch).
+    return Resume(last.file, last.offset, last.gtid, last.server, last.epoch + 1)
 
 
 def _behind(published: str, server_gtid: str | None) -> list[str]:

@@ -30,6 +30,9 @@ PREVIOUS_GTIDS: Final = 0x23
 HEADER: Final = 19  # common header of a binlog event
 
 _END, _SIZE, _COMPRESSION, _UNCOMPRESSED = 0, 1, 2, 3  # payload header field types
+# What a transaction payload may hold: QUERY (BEGIN), TABLE_MAP, rows events (v1, v2, partial JSON),
+# XID, ROWS_QUERY, INTVAR, RAND, USER_VAR. A GTID, rotate or Previous_gtids inside one is a lie.
+INNER_EVENTS: Final = frozenset({0x02, 0x13, 0x17, 0x18, 0x19, 0x1E, 0x1F, 0x20, 0x27, 0x10, 0x1D, 0x05, 0x0D, 0x0E})
 ZSTD: Final = 0
 NONE: Final = 255
 
@@ -79,9 +82,10 @@ def parse_payload(body: bytes) -> Payload:
 
 
 def _read_exactly(reader: zstandard.ZstdDecompressionReader, size: int) -> bytes:
+    # In pieces: a read allocates what it asks for, and a stated size may be a lie.
     parts, left = [], size
     while left:
-        chunk = reader.read(left)
+        chunk = reader.read(min(left, 1 << 20))
         if not chunk:
             break
         parts.append(chunk)
@@ -105,8 +109,9 @@ def inner_events(payload: Payload) -> Iterator[bytes]:
             if len(header) < HEADER:
                 raise DecodeError("compressed transaction ends inside an event header")
             size = struct.unpack_from("<I", header, 9)[0]
-            if size < HEADER:
-                raise DecodeError(f"event of {size} bytes inside a compressed transaction")
+            if size < HEADER or 0 <= payload.uncompressed_size < seen + size:
+                raise DecodeError(f"event of {size} bytes at byte {seen} of a compressed transaction of "
+                                  f"{payload.uncompressed_size} bytes")
             if source is None:
                 body = bytes(plain[pos + HEADER:pos + size])
                 pos += size
@@ -209,7 +214,8 @@ def _mariadb_uncompress(buf: bytes, what: str) -> bytes:
     width = buf[0] & 0x07
     size = int.from_bytes(buf[1:1 + width], "big")
     try:
-        data = zlib.decompress(buf[1 + width:], bufsize=max(size, 1))
+        # A bounded first buffer: the stated size may be a lie; a true one grows the buffer.
+        data = zlib.decompress(buf[1 + width:], bufsize=min(max(size, 1), 1 << 24))
     except zlib.error as exc:
         raise DecodeError(f"cannot decompress a compressed {what}: {exc}") from None
     if len(data) != size:

@@ -100,12 +100,16 @@ class Pipeline:
     async def _run(self, info: SourceInfo, start: Resume, origin: str, tail: Tail | None,
                    publisher: Publisher) -> None:
         cfg = self.cfg
-        asm = Assembler(cfg.source, self.names, start, max_payload=self.nc.max_payload, server=start.server,
-                        epoch=start.epoch,
-                        skip=tail.skip if tail else None, mariadb=info.mariadb, ignore=frozenset({cfg.watermark}),
+        # MariaDB resumes by GTID; MySQL by file and offset on the same server (exact, and it never
+        # streams a file from its start, which fails on transactions logged before gtid_mode=ON),
+        # by GTID set on another one.
+        by_gtid = bool(start.gtid) and (info.mariadb or start.server != info.server_id)
+        asm = Assembler(cfg.source, self.names, start, max_payload=self.nc.max_payload, server=info.server_id,
+                        epoch=start.epoch, skip=tail.skip if tail else None, mariadb=info.mariadb,
+                        gtids=info.gtids, by_gtid=by_gtid, ignore=frozenset({cfg.watermark}),
                         lower_names=info.lower_case_table_names == 1)
         self.log.info("pipeline.start", origin=origin, resume_file=start.file, resume_offset=start.offset,
-                      resume_gtid=start.gtid, skip=tail.skip if tail else None, server=info.version,
+                      resume_gtid=start.gtid, by_gtid=by_gtid, skip=tail.skip if tail else None, server=info.version,
                       lower_case_table_names=info.lower_case_table_names,
                       fresh=tail is None)
         if tail is None:

@@ -22,6 +22,9 @@ from shared.gtid import GtidSet
 from shared.subjects import DDL_TABLE, HEARTBEAT_TABLE, Names
 
 HEADER_ALLOWANCE = 1024  # room left in max_payload for headers
+# The events of a compressed transaction share the payload event's position; the k-th numbers its
+# messages from k * INNER_CHUNKS on (a rows event never splits into that many).
+INNER_CHUNKS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -118,16 +121,22 @@ class Assembler:
     lower_names: bool = False
     server: int | None = None  # the source's server_id
     epoch: int = 0  # of the order keys (`envelope.scn`): servers moved to so far
+    gtids: bool = True  # the source has GTIDs (MariaDB; MySQL with gtid_mode=ON): track them
+    # The stream is opened by GTID (MariaDB; MySQL on another server than `start`'s). Its first
+    # events lie before the resume point, and until a transaction of this run commits, no
+    # position the server sends is one to resume at by file and offset: the boundary stays `start`.
+    by_gtid: bool = False
     _txn: _Txn | None = field(default=None, init=False)
     _gtids: dict[int, str] = field(default_factory=dict, init=False)
     _gtid_set: GtidSet | None = field(default=None, init=False)  # MySQL's executed set, None while unknown
     _boundary: Resume = field(init=False)
     _ready: list[Outgoing] = field(default_factory=list, init=False)
+    _committed: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if self.mariadb:
             self._gtids = parse_gtid_state(self.start.gtid)
-        elif self.start.gtid is not None:
+        elif self.gtids and self.start.gtid is not None:
             self._gtid_set = GtidSet.parse(self.start.gtid)
         self._boundary = self.start
         self.ignore = frozenset((ddl.stored_name(d, self.lower_names), ddl.stored_name(t, self.lower_names))
@@ -202,26 +211,29 @@ class Assembler:
         return self.commit(file, end) if self._txn.ddl_ends else self._drain_before_last()
 
     def rows(self, op: str, table: TableSchema, rows: list[dict[str, Any]], file: str, start: int,
-             ts: int) -> list[Outgoing]:
+             ts: int, chunk: int = 0) -> list[Outgoing]:
+        """A rows event at `start`; `chunk` numbers it among the events that share that position
+        (a compressed transaction's, `INNER_CHUNKS` apart)."""
         if self._txn is None:
             raise DecodeError(f"rows event for {table.db}.{table.table} at {file}:{start} outside a transaction")
-        env = self._env(op, table.db, table.table, file, start, self.scn(file, start), ts, 0)
+        env = self._env(op, table.db, table.table, file, start, self.scn(file, start), ts, chunk)
         env["pk"] = list(table.pk)
         env["rows"] = rows
         self._push(env, table.packed, table.id)
         return self._drain_before_last()
 
     def snapshot(self, table: TableSchema, changes: list[dict[str, Any]], file: str, start: int,
-                 ts: int) -> list[Outgoing]:
+                 ts: int, chunk: int = 0) -> list[Outgoing]:
         """Snapshot rows (`op = "r"`, each `{"after": row}`) at the position of the high watermark
         that releases them."""
-        return self.rows("r", table, changes, file, start, ts)
+        return self.rows("r", table, changes, file, start, ts, chunk)
 
     def commit(self, file: str, end: int) -> list[Outgoing]:
         txn = self._txn
         if txn is None:
             return []
         self._txn = None
+        self._committed = True
         if txn.domain is not None and txn.gtid:
             self._gtids[txn.domain] = txn.gtid
         elif txn.gtid and self._gtid_set is not None:
@@ -242,7 +254,7 @@ class Assembler:
         Joined to the tracked set (a resume by file and offset learns its set here; a resume by GTID
         gets the file's set, which the tracked one already holds).
         """
-        if self.mariadb:
+        if self.mariadb or not self.gtids:
             return
         if self._gtid_set is None:
             self._gtid_set = executed.copy()
@@ -256,6 +268,8 @@ class Assembler:
         FORMAT_DESCRIPTION and Previous_gtids lie before the resume point).
         """
         b = self._boundary
+        if self.by_gtid and not self._committed:
+            return
         if self._txn is None and not (file == b.file and end < b.offset):
             self._boundary = self._at(file, end, self._state_str())
 

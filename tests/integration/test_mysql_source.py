@@ -93,10 +93,11 @@ def test_mysql_only_shapes(source: MySQL, database: str, parser_factory: ParserF
 
 
 @pytest.mark.timeout(300)
-def test_compressed_and_tagged_transactions_survive_kill_9_and_resume_by_gtid(
+def test_compressed_and_tagged_transactions_survive_kill_9_with_the_gtid_set_tracked(
         source: MySQL, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
     """Half the transactions compressed in their session, a third tagged; the parser killed mid-stream
-    resumes by GTID set (tags included) and the stream holds every change once, in order."""
+    restarts where it stopped with the executed GTID set (tags included) in its resume point, and the
+    stream holds every change once, in order."""
     workload = Workload(source, database, target=15_000, seed=5, compressed=0.5, tagged=True)
     workload.create_tables()
     parser = parser_factory(BINLAKE_INSTANCE="mysql-crash")
@@ -120,7 +121,7 @@ def test_compressed_and_tagged_transactions_survive_kill_9_and_resume_by_gtid(
     assert_exactly_once(msgs, workload)
     uuid = source.query("SELECT @@server_uuid")[0][0]
     resumed = [line["resume_gtid"] for out in [*outputs[1:], parser.output] for line in start_lines(out)]
-    assert resumed and all(g and uuid in g for g in resumed), resumed  # every restart resumed by GTID set
+    assert resumed and all(g and uuid in g for g in resumed), resumed  # every restart knew its GTID set
     assert any(":etl:" in g for g in resumed), resumed
     tagged = {m.env["txn"]["id"] for m in row_changes(msgs, database) if ":etl:" in m.env["txn"]["id"]}
     assert tagged, "no tagged transaction reached the stream"

@@ -19,6 +19,7 @@ from services.parser.transactions import (
 )
 from shared import envelope, objects
 from shared.errors import DecodeError, SourceMisconfigured
+from shared.gtid import GtidSet
 from shared.subjects import Names
 
 F = "mysql-bin.000003"
@@ -411,6 +412,28 @@ def test_no_heartbeat_while_the_stream_ends_inside_an_unfinished_transaction():
     out = mariadb_txn(a, "0-1-6", 100, 3)
     assert [env(m)["txn"]["i"] for m in out] == [1, 2]  # batch 0 is stored
     assert len(a.heartbeat(TS + 1)) == 1
+
+
+def test_a_stream_opened_by_gtid_keeps_its_start_until_a_transaction_commits():
+    """Positions the server sends before the first transaction of a run opened by GTID (a rotate to
+    the file's start, Previous_gtids) are no place to resume at by file and offset."""
+    start = Resume("binlog.000007", 1234, "0-1-5", server=1, epoch=1)
+    a = asm(start=start, server=2, epoch=1, by_gtid=True)
+    a.between("binlog.000001", 4)
+    a.between("binlog.000001", 158)
+    assert a.boundary == start and a.heartbeat(TS)[0].resume == start
+    a.gtid("0-2-6", 0, False, "binlog.000001", 900)
+    a.commit("binlog.000001", 1000)
+    assert a.boundary == Resume("binlog.000001", 1000, "0-2-6", 2, 1)
+    a.between("binlog.000002", 4)
+    assert a.boundary == Resume("binlog.000002", 4, "0-2-6", 2, 1)
+
+
+def test_mysql_without_gtid_mode_tracks_no_set():
+    a = asm(start=Resume("binlog.000001", 4, None), mariadb=False, gtids=False)
+    a.previous_gtids(GtidSet.parse("3e11fa47-71ca-11e1-9e33-c80aa9429562:1-100"))
+    a.between("binlog.000001", 158)
+    assert a.boundary == Resume("binlog.000001", 158, None)
 
 
 def test_resume_round_trip():
