@@ -284,7 +284,8 @@ class BinlogReader:
         # compiled decoders are cached by those bytes: from after the table id (the OK byte and
         # the 19-byte header come first) to the body's end, without the event's CRC32, which
         # covers the header and so differs in every event.
-        key = bytes(event.packet.packet._data[26 : 20 + event.event_size])
+        data = getattr(event, "binlake_data", None) or event.packet.packet._data  # before `replication_lib` cut it
+        key = bytes(data[26 : 20 + event.event_size])
         schema = self._schemas.get(key)
         if schema is None:
             schema = schema_from_table_map(event, self.stats)

@@ -63,7 +63,9 @@ def _known_optional_meta_data(self: Any) -> Any:
                 dimensions, field = mysql_events.net_length(data, field)
                 self.binlake_vector_dimensions.append(dimensions)
         pos = after + length
-    packet._data = bytes(data[:start]) + bytes(kept) + bytes(data[end:])
+    self.binlake_data = data  # the event as sent: what `BinlogReader` caches compiled schemas by
+    if len(kept) != end - start:
+        packet._data = bytes(data[:start]) + bytes(kept) + bytes(data[end:])
     return _optional_meta_data(self)
 
 
