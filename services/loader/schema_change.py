@@ -49,6 +49,8 @@ def apply(lake: Lake, db: str, name: str, table: LakeTable | None, step: Ddl, ba
         return None  # a table the lake has not seen rows of: its first rows create it
     if kind in ("drop", "truncate"):
         _empty(lake, table, marker)
+        if kind == "drop":
+            table.mark_dropped(lake.ice, True)
     elif kind == "alter":
         ops = [op for op in alter.get("ops") or [] if op.get("op") in _COLUMN_OPS]
         if ops:
@@ -64,8 +66,11 @@ def _create(lake: Lake, db: str, name: str, table: LakeTable | None, alter: Mapp
     key = list(alter.get("pk") or [])
     if table is None:
         return lake._create(db, name, columns, key) if known else None
+    if alter.get("if_not_exists") and not table.dropped:
+        return table  # the table existed: MySQL logged the statement all the same, and it changed nothing
     # Re-created after a DROP TABLE: the current table is empty; it takes the new columns.
     _empty(lake, table, marker)
+    table.mark_dropped(lake.ice, False)
     if known:
         wanted = data_types(columns)
         for old in [c for c in table.columns if c not in wanted]:

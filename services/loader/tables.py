@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from services.loader.lake import Lake
 
 KEY_PROP, SOURCE_PROP = "binlake.key", "binlake.source"
+DROPPED_PROP = "binlake.dropped"  # "true" from a DROP TABLE until the table is created again
 _BOOK_TYPES = {"_binlake_op": "string", "_binlake_seq": "bigint", "_binlake_row": "int", "_binlake_scn": "bigint",
                "_binlake_ts": "timestamp", "_binlake_pos": "string", "_binlake_gtid": "string",
                "_binlake_ddl": "string"}
@@ -64,8 +65,15 @@ class LakeTable:
     merged: Marker = field(default_factory=Marker)  # the current table's marker
     tail_rows: int = 0
     tail_since: float | None = None
+    dropped: bool = False  # the source dropped the table; a CREATE ... IF NOT EXISTS creates it again
 
     # -- lifecycle ----------------------------------------------------------------------------
+
+    def mark_dropped(self, ice: Iceberg, dropped: bool) -> None:
+        """Record (durably, a table property) whether the source's table is dropped."""
+        if self.dropped != dropped:
+            ice.set_props(self.names.current, {DROPPED_PROP: "true" if dropped else "false"})
+            self.dropped = dropped
 
     @classmethod
     def load(cls, ice: Iceberg, names: TableNames) -> LakeTable | None:
@@ -77,7 +85,8 @@ class LakeTable:
             ice.create(names.current, data, {SOURCE_PROP: f"{names.db}.{names.table}", KEY_PROP: "[]"})
         props = ice.props(names.current)
         table = cls(names, ice.columns(names.current), list(json.loads(props.get(KEY_PROP, "[]"))),
-                    changelog_columns, ice.marker(names.changelog) or Marker(), ice.marker(names.current) or Marker())
+                    changelog_columns, ice.marker(names.changelog) or Marker(), ice.marker(names.current) or Marker(),
+                    dropped=props.get(DROPPED_PROP) == "true")
         for name, kind in table.columns.items():  # a kill between two schema changes of one DDL
             if name not in changelog_columns and not name.startswith(frames.BOOK_PREFIX):
                 table._changelog_column(ice, name, kind)

@@ -109,8 +109,11 @@ class Alter(TypedDict):
     columns: list[ColumnInfo | UnknownColumn] | None  # CREATE TABLE with a column list; else None
     pk: list[str] | None  # CREATE TABLE: primary key columns ([] = none); else None
     renames: list[list[str]]  # [old_db, old_table, new_db, new_table]
+    # CREATE TABLE IF NOT EXISTS: MySQL logs it even when the table exists (then it changed nothing)
+    if_not_exists: NotRequired[bool]
 
 
+_IF_NOT_EXISTS = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMPORARY\s+)?TABLE\s+IF\s+NOT\s+EXISTS\b", re.I)
 _KINDS: dict[str, Kind] = {k: k for k in ("create", "alter", "drop", "truncate", "rename", "index")}
 
 # -- literals -------------------------------------------------------------------------------
@@ -712,6 +715,8 @@ def describe(sql: str, db: str, *, mariadb: bool = True, lower_names: bool = Fal
     out: Alter = {"kind": _KINDS.get(stmt.kind, "other"), "ops": [], "columns": None, "pk": None, "renames": []}
     if stmt.kind == "create":
         out["columns"], out["pk"] = _create(stmt.rest, mariadb)
+        if _IF_NOT_EXISTS.match(ddl.strip_comments(sql)):
+            out["if_not_exists"] = True
     elif stmt.kind == "alter":
         table = stmt.tables[0]
         for spec in ddl.split_top_level(stmt.rest):

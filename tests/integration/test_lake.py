@@ -228,3 +228,24 @@ def test_a_unit_the_tables_held_before_a_kill_is_still_recorded(lake_factory):
     assert restarted.apply(b2[-1][0], b1 + b2) == 0  # the tables hold it already
     assert Lake(lake.spark, "recordkill").open() == b2[-1][0]
     assert live(restarted, "d", "t") == Counter({(1, "a"): 1, (2, "b"): 1})
+
+
+def test_create_if_not_exists_of_a_kept_table_changes_nothing(lake_factory):
+    """MySQL logs CREATE TABLE IF NOT EXISTS even when the table exists (MariaDB does not): the lake
+    keeps its rows; after a DROP TABLE the same statement creates the table again, empty."""
+    lake = lake_factory()
+    f = Feed()
+    cols, pk = [ID, V], ["id"]
+    create = "CREATE TABLE IF NOT EXISTS t (id INT PRIMARY KEY, v VARCHAR(10))"
+    described = {"kind": "create", "ops": [], "renames": [], "columns": cols, "pk": pk, "if_not_exists": True}
+    b = [f.env("i", [{"after": {"id": i, "v": f"v{i}"}} for i in range(1, 4)], cols, pk), f.ddl(create, described)]
+    lake.apply(b[-1][0], b)
+    lake.merge_all()
+    assert current(lake, "d", "t") == Counter({(1, "v1"): 1, (2, "v2"): 1, (3, "v3"): 1})
+    b = [f.ddl("DROP TABLE t", {"kind": "drop", "ops": [], "renames": []})]
+    lake.apply(b[-1][0], b)
+    b = [f.ddl(create, described), f.env("i", [{"after": {"id": 7, "v": "new"}}], cols, pk)]
+    lake.apply(b[-1][0], b)
+    assert live(lake, "d", "t") == Counter({(7, "new"): 1})
+    t = lake.table("d", "t")
+    assert t is not None and not t.dropped

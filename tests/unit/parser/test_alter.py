@@ -217,6 +217,7 @@ def test_lower_case_table_names_renames_name_tables_as_stored_and_columns_as_wri
 )
 def test_create_table(sql, columns, pk):
     out = describe(sql, "s")
+    out.pop("if_not_exists", None)
     assert out == {"kind": "create", "ops": [], "columns": columns, "pk": pk, "renames": []}
 
 
@@ -568,3 +569,9 @@ def test_defaults_equal_what_mariadb_fills_into_existing_rows(scratch):
         assert (op["default"], type(op["default"])) == (expected, type(expected)), sql
         checked.append(sql_def)
     assert len(checked) == len(IMPLICIT) + len(EXPLICIT)
+
+
+def test_create_if_not_exists_is_flagged():
+    assert describe("CREATE TABLE IF NOT EXISTS t (id INT PRIMARY KEY)", "d").get("if_not_exists") is True
+    assert "if_not_exists" not in describe("CREATE TABLE t (id INT PRIMARY KEY)", "d")
+    assert describe("/* x */ create temporary table if not exists t (id int)", "d").get("if_not_exists") is True
