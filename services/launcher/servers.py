@@ -20,10 +20,10 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import pymysql
@@ -339,6 +339,27 @@ def _install_datadir(install_db: str, mariadbd: str, basedir: Path, datadir: Pat
         raise RuntimeError(f"mariadb-install-db failed with code {rc}; last lines of {log}:\n{_tail(log)}")
 
 
+
+_Server = TypeVar("_Server", bound="MariaDB")
+
+
+def _start_on_free_port(kind: type[_Server], port: int | None, sock: str, datadir: Path, basedir: Path,
+                        argv: Callable[[int], list[str]]) -> _Server:
+    """Start the server on `port` (if free) or a free one, retrying when another process takes it first."""
+    last_error: Exception | None = None
+    wanted = port
+    for _ in range(_PORT_RETRIES):
+        chosen, wanted = port_or_free(wanted), None
+        server = kind(host="127.0.0.1", port=chosen, socket=sock, datadir=datadir, basedir=basedir, proc=None,
+                      args=argv(chosen))
+        try:
+            server.start()
+        except _AddressInUse as exc:
+            last_error = exc
+            continue
+        return server
+    raise RuntimeError(f"could not start {kind.kind} on a free port: {last_error}")
+
 def start_mariadb(basedir: Path, *, log_bin: bool = True, extra_args: Sequence[str] = (),
                   port: int | None = None) -> MariaDB:
     """Initialise (if needed) and start a private MariaDB under ``basedir``.
@@ -383,21 +404,8 @@ def start_mariadb(basedir: Path, *, log_bin: bool = True, extra_args: Sequence[s
         "--gtid-strict-mode=1",
         "--sync-binlog=0",
     ]
-    last_error: Exception | None = None
-    wanted = port
-    for _ in range(_PORT_RETRIES):
-        port, wanted = port_or_free(wanted), None
-        args = [*common, f"--port={port}", *(binlog if log_bin else ()), *extra_args]
-        server = MariaDB(
-            host="127.0.0.1", port=port, socket=sock, datadir=datadir, basedir=basedir, proc=None, args=args
-        )
-        try:
-            server.start()
-        except _AddressInUse as exc:
-            last_error = exc
-            continue
-        return server
-    raise RuntimeError(f"could not start mariadbd on a free port: {last_error}")
+    return _start_on_free_port(MariaDB, port, sock, datadir, basedir,
+                               lambda p: [*common, f"--port={p}", *(binlog if log_bin else ()), *extra_args])
 
 
 # ----------------------------------------------------------------------------- MySQL
@@ -496,20 +504,7 @@ def start_mysql(basedir: Path, *, server_id: int = 1, extra_args: Sequence[str] 
         "--enforce-gtid-consistency=ON",
         "--sync-binlog=0",
     ]
-    last_error: Exception | None = None
-    wanted = port
-    for _ in range(_PORT_RETRIES):
-        port, wanted = port_or_free(wanted), None
-        args = [*common, f"--port={port}", *extra_args]
-        server = MySQL(host="127.0.0.1", port=port, socket=sock, datadir=datadir, basedir=basedir, proc=None,
-                       args=args)
-        try:
-            server.start()
-        except _AddressInUse as exc:
-            last_error = exc
-            continue
-        return server
-    raise RuntimeError(f"could not start mysqld on a free port: {last_error}")
+    return _start_on_free_port(MySQL, port, sock, datadir, basedir, lambda p: [*common, f"--port={p}", *extra_args])
 
 
 # ----------------------------------------------------------------------------- NATS
