@@ -19,7 +19,7 @@ from services.loader.frames import BOOKKEEPING, PREV, Ddl
 from services.loader.iceberg import Iceberg, Marker, json_prop
 from services.loader.merges import Fold, tail_count_sql
 from services.loader.naming import TableNames, quote
-from services.loader.types import spark_type
+from services.loader.types import arrow_of_spark, spark_type
 from shared.errors import FatalError
 
 if TYPE_CHECKING:
@@ -225,23 +225,10 @@ class LakeTable:
 
 # -- Arrow -> Spark ---------------------------------------------------------------------------------
 
-_ARROW = {"int": pa.int32(), "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(),
-          "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us"),
-          "string": pa.string(), "binary": pa.binary(), "array<string>": pa.list_(pa.string()),
-          "boolean": pa.bool_(), "tinyint": pa.int8(), "smallint": pa.int16()}
-
-
-def arrow_type(spark_type: str) -> pa.DataType:
-    if spark_type.startswith("decimal("):
-        p, s = (int(x) for x in spark_type[8:-1].split(","))
-        return pa.decimal128(p, s)
-    return _ARROW[spark_type]
-
-
 def arrow_to_spark(spark: SparkSession, table: pa.Table, columns: Mapping[str, str]) -> DataFrame:
     """An Arrow table as a DataFrame with exactly `columns` (missing ones null), types cast exactly."""
     present = [c for c in columns if c in table.column_names]
-    cast = pa.table([table[c].cast(arrow_type(columns[c])) for c in present],
+    cast = pa.table([table[c].cast(arrow_of_spark(columns[c])) for c in present],
                     names=present)
     ddl = ", ".join(f"{quote(c)} {columns[c]}" for c in present)
     schema = _parse_datatype_string(ddl)

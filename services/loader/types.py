@@ -91,13 +91,27 @@ def spark_type(col: dict[str, Any]) -> str:
     t = arrow_type(col)
     if pa.types.is_decimal(t):
         return f"decimal({t.precision},{t.scale})"
-    simple = {pa.int8(): "int", pa.int16(): "int", pa.int32(): "int", pa.int64(): "bigint",
-              pa.float32(): "float", pa.float64(): "double", pa.date32(): "date", pa.string(): "string",
-              pa.binary(): "binary", pa.list_(pa.string()): "array<string>",
-              pa.list_(pa.float32()): "array<float>"}
     if pa.types.is_timestamp(t):
         return "timestamp"
-    return simple.get(t, "string")
+    return _SPARK_OF_ARROW.get(t, "string")
+
+
+# Spark SQL type <-> the Arrow type its values are cast to on the way into Spark.
+_ARROW_OF_SPARK = {"boolean": pa.bool_(), "tinyint": pa.int8(), "smallint": pa.int16(), "int": pa.int32(),
+                   "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(), "date": pa.date32(),
+                   "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us"),
+                   "string": pa.string(), "binary": pa.binary(), "array<string>": pa.list_(pa.string()),
+                   "array<float>": pa.list_(pa.float32())}
+_SPARK_OF_ARROW = {a: s for s, a in _ARROW_OF_SPARK.items() if s not in ("boolean", "tinyint", "smallint")} | {
+    pa.int8(): "int", pa.int16(): "int"}
+
+
+def arrow_of_spark(spark: str) -> pa.DataType:
+    """The Arrow type that carries values of Spark SQL type `spark` into a DataFrame."""
+    if spark.startswith("decimal("):
+        p, s = (int(x) for x in spark[8:-1].split(","))
+        return pa.decimal128(p, s)
+    return _ARROW_OF_SPARK[spark]
 
 
 # Iceberg's legal type promotions (the only in-place type changes a table allows).

@@ -203,6 +203,8 @@ class Column:
     @property
     def source_sql(self) -> str:
         col = mysql_quote(self.name)
+        if self.kind == "vector":  # pymysql reads a VECTOR field as ASCII text; as BINARY it is the bytes
+            return f"CAST({col} AS BINARY)"
         return f"{col} + 0e0" if self.kind in ("float", "double") else col
 
     def lake_sql(self, lake_type: str) -> str:
