@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +23,8 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
-from bench.common import ROOT, arguments, percentile, run_in_workdir, stop_processes, tail
+from bench.common import arguments, percentile, run_in_workdir, tail
+from services.launcher.processes import clean_env, spawn, stop_all
 from services.launcher.servers import MariaDB, NatsCluster, NatsServer, start_mariadb, start_nats, start_nats_cluster
 from shared import jetstream
 from shared.subjects import Names
@@ -47,8 +46,7 @@ class Result:
 
 @contextlib.contextmanager
 def services(bus_url: str, replicas: int, source_url: str, logdir: Path) -> Iterator[None]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
-    env.update(BINLAKE_NATS_URL=bus_url, BINLAKE_SOURCE_URL=source_url, BINLAKE_REPLICAS=str(replicas),
+    env = clean_env(BINLAKE_NATS_URL=bus_url, BINLAKE_SOURCE_URL=source_url, BINLAKE_REPLICAS=str(replicas),
                BINLAKE_START="current", BINLAKE_METRICS_PORT="-1", BINLAKE_LOG_LEVEL="warning")
     procs: list[subprocess.Popen[bytes]] = []
     logdir.mkdir(parents=True, exist_ok=True)
@@ -56,12 +54,10 @@ def services(bus_url: str, replicas: int, source_url: str, logdir: Path) -> Iter
         for name, module, extra in (("parser", "services.parser", {}),
                                     ("sink-1", "services.sink", {"BINLAKE_INSTANCE": "sink-1"}),
                                     ("sink-2", "services.sink", {"BINLAKE_INSTANCE": "sink-2"})):
-            with (logdir / f"{name}.log").open("wb") as out:
-                procs.append(subprocess.Popen([sys.executable, "-m", module], env={**env, **extra}, cwd=ROOT,
-                                              stdout=out, stderr=subprocess.STDOUT))
+            procs.append(spawn(module, {**env, **extra}, logdir / f"{name}.log"))
         yield
     finally:
-        stop_processes(procs)
+        stop_all(procs)
 
 
 async def follow(url: str, db: str, rows: int, commits: dict[int, float],

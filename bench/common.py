@@ -1,7 +1,7 @@
 """What every benchmark shares: the command line and work directory, process and log helpers, percentiles.
 
 Benchmarks run as modules from the repository root (`python3 -m bench.parser`), so they
-import `services`, `shared` and `tests.servers` like any other code.
+import `services` and `shared` like any other code.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -47,17 +46,6 @@ def run_in_workdir(run: Callable[[argparse.Namespace, Path], int], args: argpars
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     sys.exit(code)
-
-
-def stop_processes(procs: list[subprocess.Popen[bytes]], timeout_s: float = 20) -> None:
-    """SIGTERM every process, then wait for each (SIGKILL after `timeout_s`)."""
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

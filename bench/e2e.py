@@ -34,10 +34,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import ROOT, arguments, percentile, proc_cpu, run_in_workdir, stop_processes, tail
+from bench.common import arguments, percentile, proc_cpu, run_in_workdir, tail
 from services.launcher import login
 from services.launcher.app import DURABLE, child_env, services
 from services.launcher.config import LauncherConfig
+from services.launcher.processes import spawn, stop_all
 from services.launcher.servers import MariaDB, free_port, start_mariadb, start_nats
 from services.ops import init
 from shared import jetstream
@@ -396,8 +397,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             child_env_ = dict(child.env)
             if child.name == "loader":
                 child_env_.update(BINLAKE_METRICS_PORT=str(loader_port), BINLAKE_LOG_LEVEL="info")
-            with (logs / f"{child.name}.log").open("wb") as out:
-                proc = subprocess.Popen(child.command, env=child_env_, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            proc = spawn(child.name, child_env_, logs / f"{child.name}.log", command=child.command)
             procs.append(proc)
             pids[child.name] = proc.pid
         pids["nats-server"] = nats.proc.pid if nats.proc else 0
@@ -412,7 +412,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
               f"ratio {best / bulk:.3f}")
         return 0
     finally:
-        stop_processes(procs)
+        stop_all(procs)
         nats.stop()
         mariadb.stop()
 

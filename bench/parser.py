@@ -27,7 +27,6 @@ import json
 import os
 import random
 import resource
-import signal
 import subprocess
 import sys
 import time
@@ -60,10 +59,11 @@ from bench.common import (
     run_in_workdir,
     tail,
 )
+from services.launcher.processes import clean_env, spawn, stop_all
+from services.launcher.servers import MariaDB, NatsServer, start_mariadb, start_mysql, start_nats
 from shared import envelope
 from shared.mysql import binlog_status_sql
 from shared.subjects import Names
-from tests.servers import MariaDB, NatsServer, start_mariadb, start_mysql, start_nats
 
 DB = "bench"
 SOURCE = "main"
@@ -306,7 +306,7 @@ def run_baseline(db: MariaDB, wl: Workload, server_id: int) -> RunResult:
 
 def parser_env(db: MariaDB, nats_url: str, prefix: str, start: str) -> dict[str, str]:
     """Environment of one parser process (no inherited BINLAKE_* settings)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env = clean_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(BINLAKE_SOURCE_URL=db.dsn(), BINLAKE_NATS_URL=nats_url, BINLAKE_PREFIX=prefix,
                BINLAKE_START=start, BINLAKE_SOURCE=SOURCE, BINLAKE_METRICS_PORT="-1")
@@ -316,19 +316,11 @@ def parser_env(db: MariaDB, nats_url: str, prefix: str, start: str) -> dict[str,
 @contextlib.contextmanager
 def parser_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """Run `python -m services.parser` with output to `log`; SIGTERM (then SIGKILL) on exit."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.parser"], cwd=ROOT, env=env,
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    proc = spawn("services.parser", env, log)
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all([proc])
 
 
 def decode(data: bytes) -> dict[str, Any]:

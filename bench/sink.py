@@ -58,10 +58,11 @@ from bench.common import (
     run_in_workdir,
     tail,
 )
+from services.launcher.processes import clean_env, spawn
+from services.launcher.servers import NatsServer, start_nats
 from shared import envelope
 from shared.jetstream import ensure_stream, raw_stream_config
 from shared.subjects import Names
-from tests.servers import NatsServer, start_nats
 
 SOURCE = "main"
 PARTITIONS = 16
@@ -477,7 +478,7 @@ async def run_baseline(js: JetStreamContext, ns: NatsServer) -> Run:
 
 def sink_env(nats_url: str, instance: str) -> dict[str, str]:
     """Environment of one sink worker (no inherited BINLAKE_* settings, default prefix)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env = clean_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(BINLAKE_NATS_URL=nats_url, BINLAKE_METRICS_PORT="-1", BINLAKE_INSTANCE=instance,
                BINLAKE_SOURCE=SOURCE)
@@ -507,10 +508,7 @@ def sink_processes(nats_url: str, logs: list[Path]) -> Iterator[list[subprocess.
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for k, log in enumerate(logs, 1):
-            with log.open("ab") as out:
-                procs.append(subprocess.Popen([sys.executable, "-m", "services.sink"], cwd=ROOT,
-                                              env=sink_env(nats_url, f"w{k}"), stdin=subprocess.DEVNULL,
-                                              stdout=out, stderr=subprocess.STDOUT))
+            procs.append(spawn("services.sink", sink_env(nats_url, f"w{k}"), log))
         yield procs
     finally:
         stop_all(procs)

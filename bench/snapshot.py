@@ -23,10 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import os
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +35,12 @@ from asyncmy.cursors import SSCursor
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from bench.common import ROOT, arguments, proc_cpu, run_in_workdir, stop_processes
+from bench.common import arguments, proc_cpu, run_in_workdir
+from services.launcher.processes import clean_env, spawn, stop_all
+from services.launcher.servers import MariaDB, start_mariadb, start_nats
 from shared import keys
 from shared import snapshots as snap
 from shared.subjects import Names
-from tests.servers import MariaDB, start_mariadb, start_nats
 
 DB, TABLE, SOURCE = "bench", "t_snap", "main"
 DDL = (
@@ -99,13 +98,11 @@ async def baseline(db: MariaDB) -> Run:
 
 
 def service(module: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", module], env=env, cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT)
+    return spawn(module, env, log)
 
 
 async def binlake(db: MariaDB, nats_url: str, rows: int, prefix: str, chunk_rows: int, logs: Path) -> Run:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env = clean_env()
     env.update(BINLAKE_NATS_URL=nats_url, BINLAKE_SOURCE_URL=db.dsn(), BINLAKE_PREFIX=prefix,
                BINLAKE_METRICS_PORT="-1", BINLAKE_SNAPSHOT_CHUNK_ROWS=str(chunk_rows),
                BINLAKE_SNAPSHOT_POLL_S="0.1", BINLAKE_LOG_LEVEL="warning")
@@ -153,7 +150,7 @@ async def binlake(db: MariaDB, nats_url: str, rows: int, prefix: str, chunk_rows
                    (ends[0] - started) * 1000, cpu)
     finally:
         await nc.close()
-        stop_processes(procs)
+        stop_all(procs)
 
 
 def pct(values: list[float], q: float) -> float:

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,12 +29,13 @@ import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from bench.common import ROOT, arguments, percentile
+from bench.common import arguments, percentile
+from services.launcher.processes import clean_env, spawn
+from services.launcher.servers import start_nats
 from shared import envelope
 from shared.jetstream import cdc_stream_config, ensure_stream
 from shared.store_client import StoreClient
 from shared.subjects import Names
-from tests.servers import start_nats
 
 TABLES = [("shop", "orders"), ("shop", "items"), ("shop", "customers"), ("shop", "payments"),
           ("crm", "contacts"), ("crm", "events"), ("crm", "notes"), ("crm", "tasks")]
@@ -120,10 +119,7 @@ async def through_store(url: str, rows_total: int, max_rows: int) -> tuple[float
 
 
 def service(module: str, url: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
-    env.update(BINLAKE_NATS_URL=url, BINLAKE_METRICS_PORT="-1")
-    with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", module], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return spawn(module, clean_env(BINLAKE_NATS_URL=url, BINLAKE_METRICS_PORT="-1"), log)
 
 
 async def measure(url: str, args: argparse.Namespace, logs: Path) -> int:

@@ -19,6 +19,7 @@ from tests.servers import (
     start_mysql,
     start_nats,
 )
+from tests.tiers import ONE_WORKER, TIERS, tier_of
 
 MariaDBFactory = Callable[..., MariaDB]
 
@@ -130,3 +131,18 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
 def nats_url(nats_server: NatsServer) -> str:
     """Client URL of the per-test nats-server."""
     return nats_server.url
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier in TIERS:
+        config.addinivalue_line("markers", f"{tier}: a test of the {tier} tier (tests/tiers.py)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with its tier, and run the longest tiers first (parallel workers then end together)."""
+    for item in items:
+        item.add_marker(tier_of(item.path))
+        if item.path.stem in ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    order = {tier: i for i, tier in enumerate(TIERS)}
+    items.sort(key=lambda item: order[tier_of(item.path)])

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.integration.support import ServiceProcess, parser_env, read_stream_sync, sink_env, wait_until
+from services.launcher.processes import ServiceProcess
+from tests.integration.support import parser_env, read_stream_sync, sink_env, wait_until
 from tests.servers import MariaDB
 
 if TYPE_CHECKING:

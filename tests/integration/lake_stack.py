@@ -10,7 +10,6 @@ import asyncio
 import datetime as dt
 import decimal
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -23,6 +22,7 @@ import nats
 import pyarrow as pa
 from pyiceberg.table import StaticTable
 
+from services.launcher.processes import ROOT, ServiceProcess, clean_env
 from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, TableNames
 from shared.errors import NatsUnavailable
 from shared.jetstream import server_urls
@@ -30,7 +30,7 @@ from shared.meta_client import MetaClient
 from shared.mysql import display, mysql_quote
 from shared.rpc import RpcError
 from shared.store_client import StoreClient
-from tests.integration.support import ROOT, ServiceProcess, StoredMsg, read_stream_sync, wait_until
+from tests.integration.support import StoredMsg, read_stream_sync, wait_until
 from tests.servers import MariaDB
 
 ServiceFactory = Callable[..., ServiceProcess]
@@ -227,7 +227,7 @@ def assert_cells_equal(stack: Stack, table: str) -> None:
 
 
 def run_verify_cli(stack: Stack, *tables: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env = clean_env()
     env.update(BINLAKE_SOURCE_URL=stack.mariadb.dsn(), BINLAKE_DATA_DIR=str(stack.data_dir))
     return subprocess.run([sys.executable, "-m", "services.loader.verify", *tables], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)

@@ -3,34 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgpack
 import nats
 from nats.js.api import DeliverPolicy
 
+from services.launcher.processes import ROOT, clean_env
 from shared import objects
 from shared.config import NatsSettings
 from shared.jetstream import login_options, server_urls
 from tests.servers import MariaDB
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def parser_env(mariadb: MariaDB, nats_url: str, **overrides: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
-    env.update(
+    env = clean_env(
         BINLAKE_SOURCE_URL=mariadb.dsn(),
         BINLAKE_NATS_URL=nats_url,
         BINLAKE_METRICS_PORT="0",
@@ -44,8 +39,7 @@ def parser_env(mariadb: MariaDB, nats_url: str, **overrides: str) -> dict[str, s
 
 
 def sink_env(nats_url: str, **overrides: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
-    env.update(
+    env = clean_env(
         BINLAKE_NATS_URL=nats_url,
         BINLAKE_METRICS_PORT="0",
         BINLAKE_MEMBER_TTL_S="2",
@@ -54,62 +48,6 @@ def sink_env(nats_url: str, **overrides: str) -> dict[str, str]:
     )
     env.update(overrides)
     return env
-
-
-class ServiceProcess:
-    """A binlake service as a child process, its output captured in a file."""
-
-    def __init__(self, module: str, env: Mapping[str, str], log_path: Path) -> None:
-        self.module = module
-        self.env = dict(env)
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> ServiceProcess:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", self.module], env=self.env, cwd=ROOT,
-                                     stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        return self
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self, timeout: float = 15) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode
-
-    def wait(self, timeout: float) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout)
-
-    @property
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    @property
-    def returncode(self) -> int | None:
-        """The exit code (None while running or before the start)."""
-        return None if self.proc is None else self.proc.poll()
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, f"{self.module} was not started"
-        return self.proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
 
 @dataclass

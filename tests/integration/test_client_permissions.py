@@ -11,6 +11,7 @@ import nats
 import nats.errors
 import pytest
 
+from services.launcher.processes import ServiceProcess
 from services.ops import init
 from shared import permissions
 from shared.config import NatsSettings
@@ -19,7 +20,7 @@ from shared.jetstream import connect
 from shared.rpc import RpcError, call
 from shared.store_client import StoreClient
 from shared.subjects import Names
-from tests.integration.support import ServiceProcess, wait_until
+from tests.integration.support import wait_until
 from tests.servers import NatsServer, start_nats
 
 

@@ -17,8 +17,9 @@ from collections.abc import Callable
 
 import pytest
 
+from services.launcher.processes import ServiceProcess
 from tests.integration.conftest import ParserFactory
-from tests.integration.support import ServiceProcess, StoredMsg, read_stream_sync, replay, wait_until
+from tests.integration.support import StoredMsg, read_stream_sync, replay, wait_until
 from tests.servers import MariaDB, MySQL
 
 TABLES = ("a", "b", "c")

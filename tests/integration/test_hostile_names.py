@@ -11,7 +11,6 @@ say OK, and the CDC subjects must carry the names escaped.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from services.launcher.processes import ROOT, ServiceProcess, clean_env
 from shared.mysql import display
 from shared.mysql import mysql_quote as q
 from shared.subjects import Names, unescape_token
@@ -31,7 +31,7 @@ from tests.integration.lake_stack import (
     events,
     services_answer,
 )
-from tests.integration.support import ROOT, ServiceProcess, wait_until
+from tests.integration.support import wait_until
 from tests.servers import MariaDB
 
 SOURCE = "main"  # BINLAKE_SOURCE's default: the parser's and the sink's
@@ -121,7 +121,7 @@ def _settle(stack: Stack, rows: int, tables: list[str]) -> None:
 
 def _cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     """`binlake <args>` against this stack's NATS and lake."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env = clean_env()
     env.update(BINLAKE_NATS_URL=stack.nats_url, BINLAKE_DATA_DIR=str(stack.data_dir))
     return subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)

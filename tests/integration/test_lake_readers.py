@@ -27,12 +27,13 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from services.launcher.demo import lake_view, read_live, static_table
+from services.launcher.processes import ROOT, clean_env
 from services.loader.lake import Lake, MergePolicy
 from services.loader.live import live_frame
 from services.loader.naming import TableNames
 from services.loader.spark import CatalogConfig, register
 from tests.integration.lake_feed import Feed
-from tests.integration.support import ROOT, wait_until
+from tests.integration.support import wait_until
 
 CATALOG = "readers"
 COLUMNS = [
@@ -216,7 +217,7 @@ for args in [a.split('|') for a in sys.argv[1:]]:
 
 def run_cli(shop: Shop, *commands: list[str]) -> tuple[dict[str, str], str]:
     """Run `binlake lake ...` commands in one process (one Spark start); output per command, stderr."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env = clean_env()
     env.update(BINLAKE_WAREHOUSE=shop.warehouse, BINLAKE_CATALOG=CATALOG, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", CLI_DRIVER, *["|".join(c) for c in commands]], env=env,
                           cwd=ROOT, capture_output=True, text=True, timeout=600)

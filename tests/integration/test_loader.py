@@ -25,10 +25,11 @@ import nats
 import pyarrow as pa
 import pytest
 
+from services.launcher.processes import ServiceProcess
 from shared import keys
 from shared.subjects import Names
 from tests.integration.lake_stack import Stack, assert_cells_equal, commits, events, run_verify_cli, services_answer
-from tests.integration.support import ServiceProcess, read_stream_sync, wait_until
+from tests.integration.support import read_stream_sync, wait_until
 from tests.servers import BOTH_SOURCES, MariaDB
 
 ServiceFactory = Callable[..., ServiceProcess]

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from services.launcher.processes import ServiceProcess
 from tests.integration.conftest import ParserFactory
 from tests.integration.lake_stack import Stack, services_answer
-from tests.integration.support import ServiceProcess, wait_until
+from tests.integration.support import wait_until
 from tests.servers import MariaDB
 
 ServiceFactory = Callable[..., ServiceProcess]

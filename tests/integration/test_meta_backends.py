@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
+from services.launcher.processes import ROOT, ServiceProcess, clean_env
 from services.meta.backend import Conflict, CursorEntry, MetaBackend, SchemaRecord
 from services.meta.kv_backend import KvBackend
 from services.meta.mysql_backend import MysqlBackend
@@ -34,7 +34,7 @@ from shared.errors import NatsUnavailable
 from shared.meta_client import MetaClient
 from shared.rpc import RpcError
 from shared.store_client import StoreClient
-from tests.integration.support import ROOT, ServiceProcess, StoredMsg, read_stream
+from tests.integration.support import StoredMsg, read_stream
 from tests.servers import MariaDB
 
 BACKENDS = ["kv", "mysql"]
@@ -665,7 +665,7 @@ async def test_status_shows_the_client_cursors_of_either_backend(
         await wait_for(subscribed, 60, "the store to answer")
     finally:
         await nc.close()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env = clean_env()
     env["BINLAKE_NATS_URL"] = nats_url
     out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "services.cli", "status"], cwd=ROOT,
                                   env=env, capture_output=True, text=True, timeout=60)

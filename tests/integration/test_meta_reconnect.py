@@ -23,6 +23,7 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 
+from services.launcher.processes import ServiceProcess
 from shared.config import NatsSettings
 from shared.errors import NatsUnavailable
 from shared.jetstream import connect
@@ -30,7 +31,6 @@ from shared.meta_client import MetaClient
 from shared.rpc import RpcError, call
 from shared.store_client import StoreClient
 from shared.subjects import Names
-from tests.integration.support import ServiceProcess
 from tests.servers import NatsServer, start_nats
 
 SERVICE_USER, SERVICE_PASSWORD = "binlake", "svc-pw"

@@ -19,16 +19,10 @@ from typing import Any
 
 import pytest
 
+from services.launcher.processes import ServiceProcess
 from tests.integration.conftest import ParserFactory
 from tests.integration.exactly_once import assert_exactly_once
-from tests.integration.support import (
-    ServiceProcess,
-    count_rows,
-    read_stream_sync,
-    row_changes,
-    snapshot_cli,
-    wait_until,
-)
+from tests.integration.support import count_rows, read_stream_sync, row_changes, snapshot_cli, wait_until
 from tests.integration.workload import Workload
 from tests.servers import MYSQL_SOURCE, MySQL
 

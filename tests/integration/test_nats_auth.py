@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from services.launcher.processes import ROOT, ServiceProcess
 from tests.integration.certs import Certs, make_certs
-from tests.integration.support import ROOT, ServiceProcess, wait_until
+from tests.integration.support import wait_until
 from tests.servers import NatsServer, start_nats
 
 

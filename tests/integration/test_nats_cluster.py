@@ -19,11 +19,12 @@ import nats.errors
 import nats.js.errors
 import pytest
 
+from services.launcher.processes import ServiceProcess
 from services.launcher.servers import NatsCluster, start_nats_cluster
 from shared import jetstream
 from shared.subjects import Names, kv_stream
 from tests.integration.lake_stack import Stack, assert_cells_equal, services_answer
-from tests.integration.support import ServiceProcess, assert_table_order, wait_until
+from tests.integration.support import assert_table_order, wait_until
 from tests.integration.test_loader import FINAL, LakeWorkload, assert_changelog_exactly_once
 from tests.servers import MariaDB
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import subprocess
 import sys
 
 import nats
 
+from services.launcher.processes import ROOT, clean_env
 from shared import envelope, jetstream, objects
 from shared.subjects import Names
-from tests.integration.support import ROOT
 
 
 async def publish(nats_url: str) -> None:
@@ -47,7 +46,7 @@ async def publish(nats_url: str) -> None:
 
 def test_tail_shows_what_is_not_an_envelope_and_goes_on(nats_url: str) -> None:
     asyncio.run(publish(nats_url))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env = clean_env()
     env["BINLAKE_NATS_URL"] = nats_url
     out = subprocess.run([sys.executable, "-m", "services.cli", "tail", "shop.items", "--no-follow"], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=60)

@@ -23,6 +23,7 @@ import nats.js.errors
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 
+from services.launcher.processes import ServiceProcess
 from services.parser.position import PositionReporter
 from services.parser.transactions import Outgoing, Resume
 from shared import envelope, keys
@@ -32,14 +33,7 @@ from shared.metrics import Registry
 from shared.subjects import DDL_TABLE, HEARTBEAT_TABLE, INTERNAL_TOKEN, Names, partition
 from tests.integration.conftest import ParserFactory
 from tests.integration.exactly_once import assert_exactly_once, assert_source_equals_stream
-from tests.integration.support import (
-    ServiceProcess,
-    StoredMsg,
-    count_rows,
-    http_get,
-    parse_metrics,
-    wait_until,
-)
+from tests.integration.support import StoredMsg, count_rows, http_get, parse_metrics, wait_until
 from tests.integration.workload import TABLES, Workload
 from tests.servers import MariaDB, NatsServer, free_port
 

@@ -12,10 +12,11 @@ from collections.abc import Callable
 import nats
 import nats.js.errors
 
+from services.launcher.processes import ServiceProcess
 from shared.jetstream import server_urls
 from shared.subjects import Names
 from tests.integration.conftest import ParserFactory
-from tests.integration.support import ServiceProcess, wait_until
+from tests.integration.support import wait_until
 from tests.servers import BOTH_SOURCES, MariaDB, MySQL
 
 SECRETS = ("S3cret", "S3cret2", "S3cret3")

@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
+from services.launcher.processes import ServiceProcess
 from tests.integration.conftest import ParserFactory
-from tests.integration.support import ServiceProcess, read_stream_sync, row_changes, wait_until
+from tests.integration.support import read_stream_sync, row_changes, wait_until
 from tests.integration.type_matrix import MATRIX, expected_row, insert_sql, rows
 from tests.servers import BOTH_SOURCES, MariaDB
 

@@ -8,8 +8,9 @@ from collections.abc import Callable
 import nats
 import nats.js.errors
 
+from services.launcher.processes import ServiceProcess
 from tests.integration.conftest import ParserFactory
-from tests.integration.support import ServiceProcess, read_stream_sync, wait_until
+from tests.integration.support import read_stream_sync, wait_until
 from tests.servers import MariaDB
 
 

@@ -6,7 +6,6 @@ role is refused by NATS, and the pipeline keeps its data."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import ConsumerConfig, StreamConfig, StreamSource
 
+from services.launcher.processes import ROOT, ServiceProcess, clean_env
 from services.ops import init
 from shared import objects, permissions
 from shared.config import NatsSettings
@@ -30,7 +30,7 @@ from shared.rpc import RpcError
 from shared.store_client import StoreClient
 from shared.subjects import Names
 from tests.integration.certs import Certs, make_certs
-from tests.integration.support import ROOT, ServiceProcess, parser_env, read_stream, sink_env, wait_until
+from tests.integration.support import parser_env, read_stream, sink_env, wait_until
 from tests.integration.test_mysql_tls import tls_only_server
 from tests.servers import MariaDB, NatsServer, start_nats
 
@@ -172,7 +172,7 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
         source.execute(*(f"INSERT INTO shop.t VALUES ({i})" for i in range(51, 61)), ssl={"ca": str(certs.ca)})
         assert await _read_ids(client, 10, procs) == list(range(51, 61))
         # The loader, as its user, landed it all: `binlake verify` (over TLS to the source) agrees.
-        verify_env = {**{k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}, **lake,
+        verify_env = {**clean_env(), **lake,
                       "BINLAKE_SOURCE_URL": source_url}
 
         def verified() -> bool:

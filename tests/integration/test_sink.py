@@ -12,10 +12,10 @@ import nats
 import pytest
 from nats.js.api import DiscardPolicy
 
+from services.launcher.processes import ServiceProcess
 from shared import objects
 from shared.subjects import DEFAULT_PARTITIONS, Names
 from tests.integration.support import (
-    ServiceProcess,
     StoredMsg,
     assert_table_order,
     count_rows,
@@ -117,8 +117,8 @@ def test_tables_are_spread_over_the_workers_not_partitions(mariadb, database, pa
     import subprocess
     import sys
 
+    from services.launcher.processes import ROOT
     from shared.subjects import escape_token, partition
-    from tests.integration.support import ROOT
 
     db = database
     names = [t for t in (f"t{i}" for i in range(400))

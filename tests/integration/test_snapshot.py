@@ -22,12 +22,11 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from services.launcher.processes import ROOT, ServiceProcess
 from shared import keys
 from tests.integration.conftest import ParserFactory
 from tests.integration.lake_stack import ServiceFactory, Stack, assert_verify_equal, services_answer
 from tests.integration.support import (
-    ROOT,
-    ServiceProcess,
     StoredMsg,
     assert_table_order,
     read_stream_sync,

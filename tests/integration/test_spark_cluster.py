@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from services.launcher.processes import clean_env
 from services.launcher.spark_cluster import SparkCluster, spark_cluster
 from shared.actor import run_all
 from tests.integration import test_loader
@@ -35,7 +36,7 @@ stack = test_loader.stack  # parser, sink, meta and store running; the loader on
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[SparkCluster]:
     """A master and two workers on loopback, supervised until the test ends."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env = clean_env()
     c = spark_cluster(tmp_path / "spark", 2, env)
     loop = asyncio.new_event_loop()
 

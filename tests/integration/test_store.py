@@ -24,6 +24,7 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client as NATS
 
+from services.launcher.processes import ServiceProcess
 from shared import envelope
 from shared.errors import NatsUnavailable
 from shared.meta_client import MetaClient
@@ -31,7 +32,7 @@ from shared.rpc import RpcError
 from shared.store_client import Batch, StoreClient
 from shared.subjects import Names
 from tests.integration.conftest import ParserFactory
-from tests.integration.support import ServiceProcess, StoredMsg, read_stream
+from tests.integration.support import StoredMsg, read_stream
 from tests.servers import MariaDB, NatsServer
 
 T = TypeVar("T")

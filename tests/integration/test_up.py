@@ -13,13 +13,14 @@ from pathlib import Path
 import pymysql
 import pytest
 
+from services.launcher.processes import ROOT, clean_env
 from shared import permissions
-from tests.integration.support import ROOT, assert_nats_refuses_anonymous, wait_until
+from tests.integration.support import assert_nats_refuses_anonymous, wait_until
 from tests.servers import require_mysql
 
 
 def _env(data: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    env = clean_env()
     env["BINLAKE_DATA_DIR"] = str(data)
     return env
 
@@ -82,7 +83,19 @@ def _assert_nats_wants_the_login(data: Path, output: str) -> None:
     assert_nats_refuses_anonymous(json.loads((data / "ports.json").read_text())["nats"])
 
 
+def _loaded(data: Path) -> bool:
+    """Has the loader acked everything BINLAKE_CDC holds? (`status`, cheap: `verify` starts a JVM)"""
+    status = _cli(data, "status", "--json", timeout=60)
+    if status.returncode != 0:
+        return False
+    s = json.loads(status.stdout)
+    acked, cdc = (s["clients"].get("loader") or {}).get("acked"), s["streams"].get("BINLAKE_CDC")
+    return isinstance(acked, int) and cdc is not None and acked >= cdc["last_seq"]
+
+
 def _verified(data: Path, table: str) -> bool:
+    if not _loaded(data):
+        return False
     result = _cli(data, "verify", table)
     if result.returncode == 0 and f"OK    {table}" in result.stdout:
         return True
@@ -93,7 +106,7 @@ def _verified(data: Path, table: str) -> bool:
 
 def _wait_verified(data: Path, log: Path, table: str, what: str) -> None:
     try:
-        wait_until(lambda: _verified(data, table), 600, what, interval=5)
+        wait_until(lambda: _verified(data, table), 600, what, interval=2)
     except AssertionError as exc:
         said = (data.parent / "last-verify.txt").read_text() if (data.parent / "last-verify.txt").exists() else ""
         lines = [ln for ln in log.read_text().splitlines() if "[loader]" in ln or "error" in ln.lower()]

@@ -11,7 +11,6 @@ import datetime as dt
 import itertools
 import json
 import math
-import os
 import re
 import struct
 import subprocess
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 from pyspark.sql import SparkSession
 
+from services.launcher.processes import clean_env
 from services.loader import verify
 from services.loader.lake import Lake, MergePolicy
 from services.loader.spark import CatalogConfig, register
@@ -269,7 +269,7 @@ def test_source_url_comes_from_the_environment_or_what_binlake_up_recorded(tmp_p
 
 
 def _cli(*tables: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("BINLAKE_")}
+    full = clean_env()
     full.update(env)
     return subprocess.run([sys.executable, "-m", "services.loader.verify", *tables], cwd=ROOT, env=full,
                           capture_output=True, text=True, timeout=300)

@@ -1,0 +1,1 @@
+alter table t add c int not null

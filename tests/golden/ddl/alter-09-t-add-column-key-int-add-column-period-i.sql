@@ -1,0 +1,1 @@
+ALTER TABLE t ADD COLUMN `key` INT, ADD COLUMN period INT, ADD period2 INT

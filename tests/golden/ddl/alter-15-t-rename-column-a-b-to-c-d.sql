@@ -1,0 +1,1 @@
+ALTER TABLE t RENAME COLUMN `a.b` TO `c d`

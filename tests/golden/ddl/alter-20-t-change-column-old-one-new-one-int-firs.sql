@@ -1,0 +1,1 @@
+ALTER TABLE t CHANGE COLUMN `old one` `new one` INT FIRST

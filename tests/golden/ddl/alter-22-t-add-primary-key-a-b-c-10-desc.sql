@@ -1,0 +1,1 @@
+ALTER TABLE t ADD PRIMARY KEY (a, `b c`(10) DESC)

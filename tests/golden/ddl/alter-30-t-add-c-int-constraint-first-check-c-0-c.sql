@@ -1,0 +1,1 @@
+ALTER TABLE t ADD c INT CONSTRAINT first CHECK (c > 0) COMMENT 'after x'

@@ -1,0 +1,1 @@
+ALTER TABLE t ADD c VARCHAR(5) DEFAULT '/* no comment */' COMMENT 'a -- b'

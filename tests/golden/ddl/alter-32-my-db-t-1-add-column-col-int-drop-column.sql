@@ -1,0 +1,1 @@
+ALTER TABLE `my db`.`t.1` ADD COLUMN `ü col` INT, DROP COLUMN `we``ird`, ADD größe INT

@@ -1,0 +1,1 @@
+ALTER TABLE `db`.`a b` RENAME AS `db2`.`c.d`

@@ -1,0 +1,1 @@
+CREATE TABLE IF NOT EXISTS `db`.`t 1` (`ü` TEXT, `a``b` DATETIME(3), PERIOD FOR p(`a``b`, `a``b`))

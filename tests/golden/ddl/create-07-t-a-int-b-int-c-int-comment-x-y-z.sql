@@ -1,0 +1,1 @@
+CREATE TABLE t (a INT /* , b INT */, c INT COMMENT 'x, y') -- z

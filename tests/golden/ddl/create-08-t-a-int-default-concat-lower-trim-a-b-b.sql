@@ -1,0 +1,1 @@
+CREATE TABLE t (a INT DEFAULT (concat(lower(trim('a')), 'b')), b INT)

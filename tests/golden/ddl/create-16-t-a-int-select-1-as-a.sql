@@ -1,0 +1,1 @@
+CREATE TABLE t (a INT) (SELECT 1 AS a)

@@ -1,0 +1,1 @@
+rename tables `a.b` to `c d`, `ü`.x TO `ü`.y

@@ -1,0 +1,1 @@
+RENAME TABLE a TO tmp, b TO a, tmp TO b
