@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import structlog
 
+from services.launcher.processes import service_command
 from shared.actor import RestartPolicy
 
 COLORS = ("36", "32", "35", "33", "34", "31")
@@ -39,7 +40,7 @@ class Child:
     @classmethod
     def service(cls, name: str, module: str, env: Mapping[str, str], *, color: int = 0) -> Child:
         """A binlake service: `python -m <module>` with this interpreter."""
-        return cls(name, [sys.executable, "-m", module], env, color=color)
+        return cls(name, service_command(module), env, color=color)
 
     async def run(self) -> None:
         """Keep the child running until cancelled; then stop it gracefully."""

@@ -20,10 +20,15 @@ def clean_env(**settings: str) -> dict[str, str]:
     return env
 
 
+def service_command(module: str) -> list[str]:
+    """How a binlake service runs: `python -m <module>` with this interpreter."""
+    return [sys.executable, "-m", module]
+
+
 def spawn(module: str, env: Mapping[str, str], log: Path, *, command: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     """Start `python -m <module>` (or `command`) from the project root, its output appended to `log`."""
     with log.open("ab") as out:
-        return subprocess.Popen(list(command) or [sys.executable, "-m", module], env=dict(env), cwd=ROOT,
+        return subprocess.Popen(list(command) or service_command(module), env=dict(env), cwd=ROOT,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
 
 
