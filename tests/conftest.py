@@ -138,6 +138,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{tier}: a test of the {tier} tier (tests/tiers.py)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test with its tier, and run the longest tiers first (parallel workers then end together)."""
     for item in items:
