@@ -19,7 +19,7 @@ from tests.servers import (
     start_mysql,
     start_nats,
 )
-from tests.tiers import ONE_WORKER, TIERS, tier_of
+from tests.tiers import TIERS, tier_of
 
 MariaDBFactory = Callable[..., MariaDB]
 
@@ -138,12 +138,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{tier}: a test of the {tier} tier (tests/tiers.py)")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test with its tier, and run the longest tiers first (parallel workers then end together)."""
     for item in items:
         item.add_marker(tier_of(item.path))
-        if item.path.stem in ONE_WORKER:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
     order = {tier: i for i, tier in enumerate(TIERS)}
     items.sort(key=lambda item: order[tier_of(item.path)])

@@ -19,11 +19,6 @@ _SYSTEM = {"test_loader", "test_hostile_names", "test_service_users", "test_up",
 _HEAVY = {"test_compose_stack", "test_nats_cluster", "test_spark_cluster", "test_failover"}
 
 
-# Modules whose tests share a module-scoped fixture (a Docker engine, a lake, certificates): under
-# `pytest -n` (`--dist loadgroup`) each runs whole on one worker instead of building it on every worker.
-ONE_WORKER = {"test_compose_stack", "test_lake_readers", "test_nats_auth"}
-
-
 def tier_of(path: PurePath) -> str:
     """The tier of the test module at `path`."""
     if "unit" in path.parts:
