@@ -67,14 +67,20 @@ def remember_ports(data: Path, source_url: str, **ports: int) -> None:
     os.chmod(path, 0o600)
 
 
-def child_env(cfg: LauncherConfig, data: Path, nats_url: str, source_url: str) -> dict[str, str]:
+def child_env(cfg: LauncherConfig, data: Path, nats_url: str, source_url: str, *,
+              private_source: bool = False) -> dict[str, str]:
     """The caller's environment, its BINLAKE_* settings included (BINLAKE_CONFIG, masks, filters,
-    tunables), with the wiring to the servers `binlake up` started put over it."""
+    tunables), with the wiring to the servers `binlake up` started put over it.
+
+    On a private source `up` created, the parser starts at the earliest binlog: every change there
+    is the user's, also one made between the banner and the parser's first read of the position."""
     # Each child gets its own instance name; NATS login and TLS are the wiring to the bus `up` runs.
     env = {k: v for k, v in os.environ.items() if k != "BINLAKE_INSTANCE" and not k.startswith("BINLAKE_NATS_")}
     env.update(BINLAKE_NATS_URL=nats_url, BINLAKE_SOURCE_URL=source_url, BINLAKE_SOURCE=cfg.source,
                BINLAKE_PREFIX=cfg.prefix, BINLAKE_LOG_LEVEL=cfg.log_level, BINLAKE_METRICS_PORT="0",
                BINLAKE_DATA_DIR=str(data), BINLAKE_REPLICAS=str(cfg.replicas))
+    if private_source:
+        env.setdefault("BINLAKE_START", "earliest")
     env.setdefault("BINLAKE_FLUSH_S", "2")  # a fresh lake soon after a change, unless the caller says otherwise
     if cfg.snapshot_tables:
         env["BINLAKE_SNAPSHOT_TABLES"] = cfg.snapshot_tables
@@ -176,7 +182,7 @@ async def main(cfg: LauncherConfig) -> None:
             mariadb = await loop.run_in_executor(None, lambda: start_private_source(cfg, data, ports))
             source_url = mariadb.dsn()
         remember_ports(data, source_url, nats=first_port(nats), **({mariadb.kind: mariadb.port} if mariadb else {}))
-        env = child_env(cfg, data, nats.url, source_url)
+        env = child_env(cfg, data, nats.url, source_url, private_source=mariadb is not None)
         # The services' users may not define streams: the admin does, before they start.
         await init.init(nats.url, login.admin(data), env)
         cluster = spark_cluster(data / "spark", cfg.spark_workers, env) if cfg.spark_workers else None

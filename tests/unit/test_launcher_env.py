@@ -61,3 +61,13 @@ def test_the_banner_never_shows_the_source_password() -> None:
 
     assert _shown("mysql://binlake:S3cret@db.example:3307/x") == "mysql://binlake@db.example:3307/x"
     assert "S3cret" not in _shown("mysql://u:S3cret@db:notaport")
+
+
+def test_a_private_source_is_read_from_its_first_binlog_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write right after the banner, before the parser has read the position, is not skipped."""
+    monkeypatch.delenv("BINLAKE_START", raising=False)
+    args = (LauncherConfig(), Path("/data"), "nats://127.0.0.1:1", "mysql://root@127.0.0.1:2")
+    assert child_env(*args, private_source=True)["BINLAKE_START"] == "earliest"
+    assert "BINLAKE_START" not in child_env(*args)  # the user's own server: the parser's default
+    monkeypatch.setenv("BINLAKE_START", "current")
+    assert child_env(*args, private_source=True)["BINLAKE_START"] == "current"  # the caller's word wins
