@@ -47,7 +47,7 @@ class Result:
 @contextlib.contextmanager
 def services(bus_url: str, replicas: int, source_url: str, logdir: Path) -> Iterator[None]:
     env = clean_env(BINLAKE_NATS_URL=bus_url, BINLAKE_SOURCE_URL=source_url, BINLAKE_REPLICAS=str(replicas),
-               BINLAKE_START="current", BINLAKE_METRICS_PORT="-1", BINLAKE_LOG_LEVEL="warning")
+                    BINLAKE_START="current", BINLAKE_METRICS_PORT="-1", BINLAKE_LOG_LEVEL="warning")
     procs: list[subprocess.Popen[bytes]] = []
     logdir.mkdir(parents=True, exist_ok=True)
     try:
