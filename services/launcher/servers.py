@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import pymysql
@@ -340,25 +340,28 @@ def _install_datadir(install_db: str, mariadbd: str, basedir: Path, datadir: Pat
 
 
 
-_Server = TypeVar("_Server", bound="MariaDB")
+class _Startable(Protocol):
+    def start(self) -> object: ...
 
 
-def _start_on_free_port(kind: type[_Server], port: int | None, sock: str, datadir: Path, basedir: Path,
-                        argv: Callable[[int], list[str]]) -> _Server:
-    """Start the server on `port` (if free) or a free one, retrying when another process takes it first."""
+_Server = TypeVar("_Server", bound=_Startable)
+
+
+def _start_on_free_port(what: str, port: int | None, make: Callable[[int], _Server]) -> _Server:
+    """Start `make(port)` on `port` (if free) or a free one, retrying when another process takes it first."""
     last_error: Exception | None = None
     wanted = port
     for _ in range(_PORT_RETRIES):
-        chosen, wanted = port_or_free(wanted), None
-        server = kind(host="127.0.0.1", port=chosen, socket=sock, datadir=datadir, basedir=basedir, proc=None,
-                      args=argv(chosen))
+        server = make(port_or_free(wanted))
+        wanted = None
         try:
             server.start()
         except _AddressInUse as exc:
             last_error = exc
             continue
         return server
-    raise RuntimeError(f"could not start {kind.kind} on a free port: {last_error}")
+    raise RuntimeError(f"could not start {what} on a free port: {last_error}")
+
 
 def start_mariadb(basedir: Path, *, log_bin: bool = True, extra_args: Sequence[str] = (),
                   port: int | None = None) -> MariaDB:
@@ -404,8 +407,9 @@ def start_mariadb(basedir: Path, *, log_bin: bool = True, extra_args: Sequence[s
         "--gtid-strict-mode=1",
         "--sync-binlog=0",
     ]
-    return _start_on_free_port(MariaDB, port, sock, datadir, basedir,
-                               lambda p: [*common, f"--port={p}", *(binlog if log_bin else ()), *extra_args])
+    return _start_on_free_port("mariadb", port, lambda p: MariaDB(
+        host="127.0.0.1", port=p, socket=sock, datadir=datadir, basedir=basedir, proc=None,
+        args=[*common, f"--port={p}", *(binlog if log_bin else ()), *extra_args]))
 
 
 # ----------------------------------------------------------------------------- MySQL
@@ -504,7 +508,9 @@ def start_mysql(basedir: Path, *, server_id: int = 1, extra_args: Sequence[str] 
         "--enforce-gtid-consistency=ON",
         "--sync-binlog=0",
     ]
-    return _start_on_free_port(MySQL, port, sock, datadir, basedir, lambda p: [*common, f"--port={p}", *extra_args])
+    return _start_on_free_port("mysql", port, lambda p: MySQL(
+        host="127.0.0.1", port=p, socket=sock, datadir=datadir, basedir=basedir, proc=None,
+        args=[*common, f"--port={p}", *extra_args]))
 
 
 # ----------------------------------------------------------------------------- NATS
@@ -615,20 +621,13 @@ def start_nats(basedir: Path, *, extra_args: Sequence[str] = (), port: int | Non
     store_dir = basedir / "jetstream"
     store_dir.mkdir(parents=True, exist_ok=True)
     log_file = basedir / "nats-server.log"
-    last_error: Exception | None = None
-    wanted = port
-    for _ in range(_PORT_RETRIES):
-        port, wanted = port_or_free(wanted), None
-        args = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store_dir), "-l", str(log_file)]
-        args += list(extra_args)
-        server = NatsServer(port=port, store_dir=store_dir, log_file=log_file, proc=None, args=args)
-        try:
-            server.start()
-        except _AddressInUse as exc:
-            last_error = exc
-            continue
-        return server
-    raise RuntimeError(f"could not start nats-server on a free port: {last_error}")
+
+    def make(p: int) -> NatsServer:
+        args = [binary, "-a", "127.0.0.1", "-p", str(p), "-js", "-sd", str(store_dir), "-l", str(log_file),
+                *extra_args]
+        return NatsServer(port=p, store_dir=store_dir, log_file=log_file, proc=None, args=args)
+
+    return _start_on_free_port("nats-server", port, make)
 
 
 @dataclass(eq=False)
