@@ -19,7 +19,7 @@ from tests.servers import (
     start_mysql,
     start_nats,
 )
-from tests.tiers import TIERS, tier_of
+from tests.tiers import TIERS, run_order, tier_of
 
 MariaDBFactory = Callable[..., MariaDB]
 
@@ -139,8 +139,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test with its tier, and run the longest tiers first (parallel workers then end together)."""
+    """Mark every test with its tier, and run the longest modules first (parallel workers then end together)."""
     for item in items:
         item.add_marker(tier_of(item.path))
-    order = {tier: i for i, tier in enumerate(TIERS)}
-    items.sort(key=lambda item: order[tier_of(item.path)])
+    items.sort(key=lambda item: run_order(item.path))  # stable: a module's tests stay together, in order

@@ -12,11 +12,25 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-TIERS = ("heavy", "system", "component", "unit")  # also the run order: the longest first
+TIERS = ("heavy", "system", "component", "unit")  # also the run order after the costly modules
 
 _SYSTEM = {"test_loader", "test_hostile_names", "test_service_users", "test_up", "test_memory", "test_snapshot",
            "test_sink_rules"}
 _HEAVY = {"test_compose_stack", "test_nats_cluster", "test_spark_cluster", "test_failover"}
+
+
+# Seconds a module takes in a full run on two workers (the --durations of .ci/run, 2 cores): the
+# longest go first, so that the two workers end together (longest-processing-time-first).
+_COST = {"test_compose_stack": 1000, "test_loader": 500, "test_up": 400, "test_snapshot": 350,
+         "test_spark_cluster": 250, "test_hostile_names": 200, "test_lake_readers": 200, "test_memory": 180,
+         "test_parser_operations": 170, "test_lake": 150, "test_service_users": 140, "test_nats_cluster": 120,
+         "test_store": 120, "test_verify": 110}
+
+
+def run_order(path: PurePath) -> tuple[int, int]:
+    """Where the module at `path` runs: the costly modules first, the longest of them first, then by tier."""
+    tier = tier_of(path)
+    return -(_COST.get(path.stem, 0) if tier != "unit" else 0), TIERS.index(tier)
 
 
 def tier_of(path: PurePath) -> str:

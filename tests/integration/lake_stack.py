@@ -10,19 +10,18 @@ import asyncio
 import datetime as dt
 import decimal
 import json
-import subprocess
-import sys
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats
 import pyarrow as pa
 from pyiceberg.table import StaticTable
 
-from services.launcher.processes import ROOT, ServiceProcess, clean_env
+from services.launcher.processes import ServiceProcess
 from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, TableNames
 from shared.errors import NatsUnavailable
 from shared.jetstream import server_urls
@@ -32,6 +31,9 @@ from shared.rpc import RpcError
 from shared.store_client import StoreClient
 from tests.integration.support import StoredMsg, read_stream_sync, wait_until
 from tests.servers import MariaDB
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 ServiceFactory = Callable[..., ServiceProcess]
 ROW_OPS = ("i", "u", "d")
@@ -226,17 +228,19 @@ def assert_cells_equal(stack: Stack, table: str) -> None:
                           f"{list(got - source)[:3]} / {list(source - got)[:3]}"
 
 
-def run_verify_cli(stack: Stack, *tables: str) -> subprocess.CompletedProcess[str]:
-    env = clean_env()
-    env.update(BINLAKE_SOURCE_URL=stack.mariadb.dsn(), BINLAKE_DATA_DIR=str(stack.data_dir))
-    return subprocess.run([sys.executable, "-m", "services.loader.verify", *tables], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+def assert_verify_equal(spark: SparkSession, stack: Stack, tables: Sequence[str] = ()) -> None:
+    """`binlake verify`'s comparison in this test process's Spark session: every named table (default:
+    every table the lake holds) equals the source. The command itself is tested in test_verify and test_up."""
+    from services.loader.spark import CatalogConfig, register
+    from services.loader.verify import connect, verify
 
-
-def assert_verify_equal(spark: Any, stack: Stack, tables: list[str]) -> None:
-    """`binlake verify` (its own process) says OK for each table."""
-    names = [display(stack.db, t) for t in tables]
-    out = run_verify_cli(stack, *names)
-    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    for name in names:
-        assert any(line.startswith(f"OK    {name}:") for line in out.stdout.splitlines()), out.stdout
+    catalog = CatalogConfig(name=f"lake_{uuid.uuid4().hex[:12]}", warehouse=stack.warehouse,
+                            options={"cache-enabled": "false"})
+    register(spark, catalog)
+    conn = connect(stack.mariadb.dsn())
+    try:
+        results = verify(spark, conn, catalog.name, [display(stack.db, t) for t in tables])
+    finally:
+        conn.close()
+    report = "\n".join(line for r in results for line in r.lines())
+    assert results and all(r.equal for r in results), report

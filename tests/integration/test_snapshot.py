@@ -37,11 +37,11 @@ from tests.integration.support import (
 from tests.integration.type_matrix import MATRIX, insert_sql
 from tests.servers import BOTH_SOURCES, MariaDB, NatsServer
 
-ROWS = 100_000
-CHUNK = "2000"
+ROWS = 50_000
+CHUNK = "1000"
 # Rate-limited so the snapshot spans several seconds of the concurrent workload.
 SNAPSHOT_ENV = {"BINLAKE_SNAPSHOT_CHUNK_ROWS": CHUNK, "BINLAKE_SNAPSHOT_POLL_S": "0.2",
-                "BINLAKE_SNAPSHOT_MAX_ROWS_S": "12000"}
+                "BINLAKE_SNAPSHOT_MAX_ROWS_S": "6000"}
 
 
 def snapshot_rows(msgs: list[StoredMsg], db: str, table: str) -> list[StoredMsg]:
@@ -142,7 +142,7 @@ class KeyRangeWorkload:
     mariadb: MariaDB
     db: str
     hi: int = ROWS
-    rate: float = 400.0  # statements per second
+    rate: float = 200.0  # statements per second
     seed: int = 3
     alter_at: int = 0  # after this many statements: ALTER TABLE big ADD COLUMN extra INT (0: never)
     statements: int = 0
@@ -279,7 +279,7 @@ def test_snapshot_under_writes_all_over_the_key_range_equals_the_source(spark: S
                                                                        lake_stack: SnapshotStack) -> None:
     stack = lake_stack
     create_big(stack.mariadb, stack.db)
-    workload = KeyRangeWorkload(stack.mariadb, stack.db, alter_at=1500).start()
+    workload = KeyRangeWorkload(stack.mariadb, stack.db, alter_at=800).start()
     time.sleep(1)
     done = snapshot_cli(stack.nats_url, f"{stack.db}.big", timeout=600)
     workload.finish()
