@@ -28,6 +28,9 @@ from shared.errors import ConfigError
 _JARS = ("iceberg-spark-runtime-3.5_2.12-*.jar", "iceberg-spark-extensions-3.5_2.12-*.jar")
 
 
+LOCAL_DRIVER_MEMORY = "2g"  # the JVM's heap under a local master, unless BINLAKE_SPARK_CONF sets spark.driver.memory
+
+
 @dataclass(frozen=True)
 class CatalogConfig:
     """Where the lake lives: an Iceberg catalog named `name` (Spark SQL `<name>.<db>.<table>`)."""
@@ -109,6 +112,10 @@ def session(app: str, master: str, catalog: CatalogConfig, extra: Mapping[str, s
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.iceberg.check-nullability", "false"))
+    if master.startswith("local"):
+        # Local mode runs every task in the driver's heap; Spark's default of 1g ran out of memory
+        # merging a table that holds two 64 MiB rows (two tasks, each growing a row buffer by doubling).
+        extra.setdefault("spark.driver.memory", LOCAL_DRIVER_MEMORY)
     if "spark.driver.extraJavaOptions" not in extra:
         builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{quiet_log4j()}")
     if "spark.jars.packages" not in extra:

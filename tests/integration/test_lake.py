@@ -249,3 +249,12 @@ def test_create_if_not_exists_of_a_kept_table_changes_nothing(lake_factory):
     assert live(lake, "d", "t") == Counter({(7, "new"): 1})
     t = lake.table("d", "t")
     assert t is not None and not t.dropped
+
+
+def test_a_local_master_gets_the_heap_for_rows_of_64_mib(spark: SparkSession) -> None:
+    """Spark's default driver heap (1g) ran out merging two 64 MiB rows; under local[*] the JVM gets 2g."""
+    from services.loader.spark import LOCAL_DRIVER_MEMORY
+
+    assert spark.sparkContext.getConf().get("spark.driver.memory") == LOCAL_DRIVER_MEMORY
+    runtime = spark.sparkContext._jvm.java.lang.Runtime.getRuntime()  # type: ignore[union-attr]
+    assert runtime.maxMemory() > 1024 ** 3
