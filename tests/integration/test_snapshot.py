@@ -606,12 +606,13 @@ def test_snapshot_survives_a_mariadb_crash_and_a_nats_restart(mariadb_factory: C
 def test_chunks_of_large_rows_end_at_their_byte_budget_and_rows_over_max_payload_go_to_objects(
         mariadb: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
     db = database
-    parser_factory(BINLAKE_SNAPSHOT_TABLES=rf"{db}\.blobs", BINLAKE_SNAPSHOT_SCAN_S="0.5",
-                   BINLAKE_SNAPSHOT_POLL_S="0.2", BINLAKE_SNAPSHOT_CHUNK_BYTES=str(2 * 1024 * 1024))
     mariadb.execute(f"CREATE TABLE `{db}`.blobs (id INT PRIMARY KEY, b LONGBLOB)")
     # 600 KB rows, and three over max_payload (1 MiB): those travel as object references.
     without_binlog(mariadb, f"INSERT INTO `{db}`.blobs SELECT seq, REPEAT(CHAR(65 + seq % 26), "
                             f"IF(seq % 10 = 0, 1500000, 600000)) FROM `{db}`.seq_1_to_30")
+    # The parser starts after the rows are there: its scan (every 0.5 s) could otherwise snapshot the empty table.
+    parser_factory(BINLAKE_SNAPSHOT_TABLES=rf"{db}\.blobs", BINLAKE_SNAPSHOT_SCAN_S="0.5",
+                   BINLAKE_SNAPSHOT_POLL_S="0.2", BINLAKE_SNAPSHOT_CHUNK_BYTES=str(2 * 1024 * 1024))
     state = wait_until(lambda: (s := progress(nats_url, db, "blobs")) and s["state"] in ("done", "failed") and s, 120,
                        "the snapshot of the large rows")
     assert state["state"] == "done" and state["rows"] == 30, state
