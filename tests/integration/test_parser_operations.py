@@ -600,7 +600,10 @@ def test_sigterm_during_a_publish_burst_stops_the_parser(mariadb: MariaDB, datab
             f"{parser.output[-3000:]}"
     start_parser(parser_factory, nats_url, log_name="final.log", **env)
     total = 8 * batch
-    wait_until(lambda: count_rows(read_all(nats_url), database) >= total, 120, f"all {total} rows")
+    # One message per single-row transaction: the cheap count first (reading 40,000 messages on
+    # every poll took the CPU the parser needed to publish them), then the rows themselves.
+    wait_until(lambda: asyncio.run(_stored_count(nats_url)) >= total, 300, f"{total} messages", interval=1)
+    wait_until(lambda: count_rows(read_all(nats_url), database) >= total, 120, f"all {total} rows", interval=2)
     msgs = read_all(nats_url)
     assert_no_duplicates(msgs)
     ids = [r["after"]["id"] for m in msgs if m.env.get("table") == "burst" and m.env["op"] == "i"
