@@ -20,7 +20,7 @@ COMMANDS = {
     "lake": ("services.loader.lakecli", "main", "inspect the lake: tables, show, as-of"),
     "sink": ("services.sink.__main__", "main", "route BINLAKE_RAW to per-table subjects in BINLAKE_CDC"),
     "spark": ("services.launcher.spark_daemon", "main", "run a Spark standalone master or worker (master|worker)"),
-    "setup": ("services.launcher.setup", "main", "prepare a private MySQL for up, tests and benchmarks (mysql)"),
+    "setup": ("services.launcher.setup", "main", "prepare once: a MySQL to run (mysql), Spark's class archive (spark)"),
 }
 
 

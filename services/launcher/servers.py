@@ -28,6 +28,8 @@ from urllib.parse import quote
 
 import pymysql
 
+from shared.cache import cache_dir
+
 __all__ = [
     "MariaDB",
     "MySQL",
@@ -423,7 +425,7 @@ def mysql_root() -> Path:
 
     Raises FileNotFoundError, saying how to prepare it, when it holds no mysqld.
     """
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "binlake" / "mysql-root"
+    default = cache_dir() / "mysql-root"
     root = Path(os.environ.get("BINLAKE_MYSQL_ROOT") or default)
     if not (os.access(root / "usr/sbin/mysqld", os.X_OK) and (root / _LOADER).exists()):
         raise FileNotFoundError(
@@ -436,7 +438,7 @@ def prepare_mysql_root(root: Path | None = None, mirror: str = "http://deb.debia
     """Build the MySQL root from Debian's packages with mmdebstrap (as root), unless it exists."""
     with contextlib.suppress(FileNotFoundError):
         return mysql_root()
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "binlake" / "mysql-root"
+    default = cache_dir() / "mysql-root"
     root = Path(root or os.environ.get("BINLAKE_MYSQL_ROOT") or default)
     root.parent.mkdir(parents=True, exist_ok=True)
     partial = root.with_name(root.name + ".partial")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
+from services.loader import class_archive
 from shared.errors import ConfigError
 
 _JARS = ("iceberg-spark-runtime-3.5_2.12-*.jar", "iceberg-spark-extensions-3.5_2.12-*.jar")
@@ -117,7 +118,8 @@ def session(app: str, master: str, catalog: CatalogConfig, extra: Mapping[str, s
         # merging a table that holds two 64 MiB rows (two tasks, each growing a row buffer by doubling).
         extra.setdefault("spark.driver.memory", LOCAL_DRIVER_MEMORY)
     if "spark.driver.extraJavaOptions" not in extra:
-        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{quiet_log4j()}")
+        options = f"-Dlog4j.configurationFile=file:{quiet_log4j()} {class_archive.java_options()}"
+        builder = builder.config("spark.driver.extraJavaOptions", options.strip())
     if "spark.jars.packages" not in extra:
         jars = [j for j in extra.pop("spark.jars", "").split(",") if j]
         builder = builder.config("spark.jars", ",".join([*iceberg_jars(), *jars]))

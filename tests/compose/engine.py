@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -178,17 +179,39 @@ class Engine:
             rc = tar.wait(60)
         assert rc == 0, f"tar of {root} failed with exit {rc}"
 
-    def build_server_images(self, nats_server: Path, mysql_root: Path) -> None:
-        """Images for the compose file's registry images, tagged with their names."""
+    def build_server_images(self, nats_server: Path) -> None:
+        """Images for the compose file's registry images, tagged with their names (the MySQL root
+        imported as MYSQL_ROOT_IMAGE first)."""
         images = compose_images()
         assert set(images) == {"mysql", "nats", "nats-box"}, f"images for {sorted(images)} needed"
-        self.import_root(mysql_root, MYSQL_ROOT_IMAGE)
         self.docker("build", "--build-arg", f"BASE_IMAGE={MYSQL_ROOT_IMAGE}", "-t", images["mysql"], MYSQL)
         context = self.home / "nats-context"
         shutil.copytree(STANDINS / "nats", context)
         shutil.copy(nats_server, context / "nats-server")
         for service, directory in (("nats", context), ("nats-box", STANDINS / "nats-box")):
             self.docker("build", "--build-arg", f"BASE_IMAGE={base_image()}", "-t", images[service], directory)
+
+    def prepare(self, nats_server: Path, mysql_root: Path) -> None:
+        """Compose, the base image, the server images and the project's image, side by side where
+        they do not depend on each other (most of it is waiting on package mirrors)."""
+        with ThreadPoolExecutor(3) as pool:
+            steps = [pool.submit(self.install_compose), pool.submit(self.build_base),
+                     pool.submit(self.import_root, mysql_root, MYSQL_ROOT_IMAGE)]
+            for step in steps:
+                step.result()
+            steps = [pool.submit(self.build_server_images, nats_server), pool.submit(self.build_project)]
+            for step in steps:
+                step.result()
+
+    def build_project(self) -> None:
+        """deploy/Dockerfile as the compose file builds it (`up --build` then finds its layers cached)."""
+        doc = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
+        images = {str(svc["image"]) for svc in doc["services"].values() if "build" in svc}
+        assert len(images) == 1, f"one project image expected, the compose file builds {sorted(images)}"
+        image = images.pop()
+        if image.startswith("${"):  # ${BINLAKE_IMAGE:-binlake:local}
+            image = image.split(":-", 1)[1].rstrip("}")
+        self.docker("build", "-f", ROOT / "deploy" / "Dockerfile", "-t", image, ROOT, timeout=1800)
 
     def compose(self, *args: str, env: dict[str, str] | None = None, timeout: float = 900,
                 check: bool = True, file: str = "docker-compose.yml") -> subprocess.CompletedProcess[str]:
