@@ -21,10 +21,10 @@ _HEAVY = {"test_compose_stack", "test_nats_cluster", "test_spark_cluster", "test
 
 # Seconds a module takes in a full run on two workers (the --durations of .ci/run, 2 cores): the
 # longest go first, so that the two workers end together (longest-processing-time-first).
-_COST = {"test_compose_stack": 1000, "test_loader": 500, "test_up": 400, "test_snapshot": 350,
-         "test_spark_cluster": 250, "test_hostile_names": 200, "test_lake_readers": 200, "test_memory": 180,
-         "test_parser_operations": 170, "test_lake": 150, "test_service_users": 140, "test_nats_cluster": 120,
-         "test_store": 120, "test_verify": 110}
+_COST = {"test_compose_stack": 580, "test_loader": 425, "test_up": 255, "test_snapshot": 160,
+         "test_parser_operations": 150, "test_spark_cluster": 150, "test_lake_readers": 125,
+         "test_service_users": 110, "test_store": 105, "test_failover": 90, "test_hostile_names": 80,
+         "test_nats_cluster": 70, "test_memory": 70, "test_lake": 70}
 
 
 def run_order(path: PurePath) -> tuple[int, int]:

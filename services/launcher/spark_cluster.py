@@ -72,12 +72,15 @@ def spark_home() -> Path:
 
 
 def spark_env(data: Path, env: Mapping[str, str]) -> dict[str, str]:
-    """The daemons' environment: loopback only, logs and work under `data`, Spark's INFO lines off."""
+    """The daemons' environment: loopback only, logs and work under `data`, Spark's INFO lines off,
+    the class archive mapped (their class path is the driver's: Spark's jars)."""
+    from services.loader import class_archive
     from services.loader.spark import quiet_log4j
 
+    options = f"-Dlog4j.configurationFile=file:{quiet_log4j()} {class_archive.java_options()}"
     return {**env, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOG_DIR": str(data / "logs"), "SPARK_WORKER_DIR": str(data / "work"),
-            "SPARK_DAEMON_JAVA_OPTS": f"-Dlog4j.configurationFile=file:{quiet_log4j()}"}
+            "SPARK_DAEMON_JAVA_OPTS": options.strip()}
 
 
 def spark_cluster(data: Path, workers: int, env: Mapping[str, str]) -> SparkCluster:

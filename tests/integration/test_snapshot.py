@@ -445,10 +445,13 @@ def test_new_tables_are_snapshotted_on_first_sight_and_progress_is_visible(
     port = free_port()
     parser_factory(BINLAKE_SNAPSHOT_TABLES=rf"{db}\.auto_.*", BINLAKE_SNAPSHOT_SCAN_S="0.5",
                    BINLAKE_SNAPSHOT_POLL_S="0.2", BINLAKE_METRICS_PORT=str(port))
-    mariadb.execute(f"CREATE TABLE `{db}`.auto_items (id INT PRIMARY KEY, name VARCHAR(20))",
+    # The table appears with its rows (renamed into the pattern): a scan (every 0.5 s) between a
+    # CREATE and an INSERT would snapshot it empty.
+    mariadb.execute(f"CREATE TABLE `{db}`.staging (id INT PRIMARY KEY, name VARCHAR(20))",
                     f"CREATE TABLE `{db}`.other (id INT PRIMARY KEY)")
-    without_binlog(mariadb, f"INSERT INTO `{db}`.auto_items SELECT seq, CONCAT('n', seq) FROM `{db}`.seq_1_to_1234",
+    without_binlog(mariadb, f"INSERT INTO `{db}`.staging SELECT seq, CONCAT('n', seq) FROM `{db}`.seq_1_to_1234",
                    f"INSERT INTO `{db}`.other VALUES (1)")
+    mariadb.execute(f"RENAME TABLE `{db}`.staging TO `{db}`.auto_items")
     state = wait_until(lambda: (s := progress(nats_url, db, "auto_items")) and s["state"] == "done" and s, 60,
                        "the automatic snapshot")
     assert state["rows"] == 1234 and state["run"].startswith("auto-")

@@ -67,3 +67,11 @@ def test_no_archive_no_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert class_archive.java_options() == ""
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
     assert class_archive.java_options() == ""  # no java: Spark says so itself, the option stays out
+
+
+def test_the_local_cluster_daemons_map_it_too(tmp_path: Path) -> None:
+    """`binlake up --spark-workers`: the master's and workers' class path is the driver's (Spark's jars)."""
+    from services.launcher.spark_cluster import spark_env
+
+    path = _installed()
+    assert f"-XX:SharedArchiveFile={path}" in spark_env(tmp_path, {})["SPARK_DAEMON_JAVA_OPTS"]
