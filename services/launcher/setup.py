@@ -2,7 +2,7 @@
 
 - mysql: the MySQL root that `binlake up --source mysql`, the tests and the benchmarks run MySQL
   from (Debian's mysql-server-core, built with mmdebstrap; needs root);
-- spark: the class-data archive that halves the start of every local Spark (the loader,
+- spark: the class-data archive that cuts a third off the start of every local Spark (the loader,
   `binlake verify`, `binlake lake`): services/loader/class_archive.py.
 """
 
