@@ -47,18 +47,26 @@ def missing_tools() -> list[str]:
     return out
 
 
+def _services() -> dict[str, dict[str, object]]:
+    return dict(yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())["services"])
+
+
+def _default(image: str) -> str:
+    """An image name as the compose file gives it, `${VAR:-default}` as its default."""
+    return image.split(":-", 1)[1].rstrip("}") if image.startswith("${") else image
+
+
 def compose_images() -> dict[str, str]:
     """The registry images the compose file names, by service (with their defaults filled in)."""
-    doc = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
-    out = {}
-    for name, svc in doc["services"].items():
-        image = str(svc.get("image", ""))
-        if "build" in svc or not image or "BINLAKE_IMAGE" in image:
-            continue
-        if image.startswith("${"):  # ${VAR:-default}
-            image = image.split(":-", 1)[1].rstrip("}")
-        out[name] = image
-    return out
+    return {name: _default(image) for name, svc in _services().items()
+            if "build" not in svc and (image := str(svc.get("image", ""))) and "BINLAKE_IMAGE" not in image}
+
+
+def project_image() -> str:
+    """The one image the compose file builds (deploy/Dockerfile), with its default filled in."""
+    images = {_default(str(svc["image"])) for svc in _services().values() if "build" in svc}
+    assert len(images) == 1, f"one project image expected, the compose file builds {sorted(images)}"
+    return images.pop()
 
 
 def base_image() -> str:
@@ -205,13 +213,7 @@ class Engine:
 
     def build_project(self) -> None:
         """deploy/Dockerfile as the compose file builds it (`up --build` then finds its layers cached)."""
-        doc = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
-        images = {str(svc["image"]) for svc in doc["services"].values() if "build" in svc}
-        assert len(images) == 1, f"one project image expected, the compose file builds {sorted(images)}"
-        image = images.pop()
-        if image.startswith("${"):  # ${BINLAKE_IMAGE:-binlake:local}
-            image = image.split(":-", 1)[1].rstrip("}")
-        self.docker("build", "-f", ROOT / "deploy" / "Dockerfile", "-t", image, ROOT, timeout=1800)
+        self.docker("build", "-f", ROOT / "deploy" / "Dockerfile", "-t", project_image(), ROOT, timeout=1800)
 
     def compose(self, *args: str, env: dict[str, str] | None = None, timeout: float = 900,
                 check: bool = True, file: str = "docker-compose.yml") -> subprocess.CompletedProcess[str]:
