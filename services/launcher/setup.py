@@ -34,7 +34,7 @@ def _spark() -> None:
 
     try:
         print(f"Spark class archive ready at {class_archive.create()}")
-    except (ConfigError, RuntimeError) as exc:
+    except (ConfigError, RuntimeError, OSError) as exc:
         sys.exit(f"binlake setup spark: {exc}")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -56,13 +57,28 @@ def archive_path() -> Path:
     return cache_dir() / "spark-cds" / f"{digest.hexdigest()[:20]}.jsa"
 
 
+def _size_file(path: Path) -> Path:
+    return path.with_name(path.name + ".size")
+
+
+def usable(path: Path) -> bool:
+    """The archive is there whole: its size is the one the check run saw (a truncated archive
+    kills the JVM at start with SIGBUS, so a copy cut short must never be mapped)."""
+    try:
+        return path.stat().st_size == int(_size_file(path).read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def java_options() -> str:
-    """The driver JVM's option that maps the archive ("" when there is none: Java loads as usual)."""
+    """The driver JVM's option that maps the archive ("" when there is none: Java loads as usual).
+
+    Quoted: Spark splits its JVM options at spaces, and a cache path may hold one."""
     try:
         path = archive_path()
     except (ConfigError, OSError):
         return ""
-    return f"-XX:SharedArchiveFile={path}" if path.is_file() else ""
+    return shlex.quote(f"-XX:SharedArchiveFile={path}") if usable(path) else ""
 
 
 def exercise(spark: SparkSession, table: str = "lake.db.t") -> None:
@@ -107,17 +123,23 @@ sys.exit(code)
 def create() -> Path:
     """Write the archive for this machine's java and jars (about a minute), unless it exists."""
     path = archive_path()
-    if path.is_file():
+    if usable(path):
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=path.parent)) / path.name
     try:
-        _run(f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off,cds+dynamic=off", "records the archive")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=path.parent)) / path.name
+    except OSError as exc:
+        raise ConfigError(f"cannot write the class archive into {path.parent} ({exc}): "
+                          "set XDG_CACHE_HOME to a writable directory") from None
+    q = shlex.quote
+    try:
+        _run(f"{q(f'-XX:ArchiveClassesAtExit={partial}')} -Xlog:cds=off,cds+dynamic=off", "records the archive")
         if not partial.is_file():
             raise RuntimeError(f"the Spark run that records the archive wrote no {partial}")
         # (a JVM that crashes on it writes its hs_err file next to it, not into the working directory)
-        _run(f"-XX:SharedArchiveFile={partial} -Xshare:on -XX:ErrorFile={partial.parent}/hs_err_%p.log",
+        _run(f"{q(f'-XX:SharedArchiveFile={partial}')} -Xshare:on {q(f'-XX:ErrorFile={partial.parent}/hs_err_%p.log')}",
              "checks the archive")
+        _size_file(path).write_text(str(partial.stat().st_size))
         os.replace(partial, path)  # atomic: a JVM starting now maps the whole archive or none
     finally:
         shutil.rmtree(partial.parent, ignore_errors=True)

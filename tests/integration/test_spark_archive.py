@@ -75,3 +75,18 @@ def test_the_local_cluster_daemons_map_it_too(tmp_path: Path) -> None:
 
     path = _installed()
     assert f"-XX:SharedArchiveFile={path}" in spark_env(tmp_path, {})["SPARK_DAEMON_JAVA_OPTS"]
+
+
+def test_an_archive_cut_short_after_it_was_made_is_not_mapped(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy cut short (disk error, a partial rsync of the cache) would kill every JVM that maps it."""
+    good = _installed()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "with space"))
+    path = class_archive.archive_path()
+    path.parent.mkdir(parents=True)
+    path.with_name(path.name + ".size").write_text(str(good.stat().st_size))
+    path.write_bytes(good.read_bytes())
+    assert class_archive.java_options() == f"'-XX:SharedArchiveFile={path}'"  # quoted: Spark splits at spaces
+    with path.open("r+b") as f:
+        f.truncate(2 ** 20)
+    assert class_archive.java_options() == ""
