@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.servers import (
+    TEST_JVM_OPTIONS,
     MariaDB,
     MySQL,
     NatsServer,
@@ -22,6 +24,8 @@ from tests.servers import (
 from tests.tiers import TIERS, run_order, tier_of
 
 MariaDBFactory = Callable[..., MariaDB]
+
+os.environ["JAVA_TOOL_OPTIONS"] = TEST_JVM_OPTIONS  # inherited by every process a test starts
 
 
 def _require_mariadb() -> None:

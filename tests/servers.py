@@ -20,6 +20,12 @@ from services.launcher.servers import (
 BOTH_SOURCES = pytest.mark.parametrize("source", ["mariadb", "mysql"], indirect=True)
 MYSQL_SOURCE = pytest.mark.parametrize("source", ["mysql"], indirect=True)  # tests of what only MySQL has
 
+# JAVA_TOOL_OPTIONS of every JVM a test starts (Spark sessions, loaders, the CLI's readers, Spark
+# daemons, the compose stack's containers). They live seconds to minutes, where C2's compilations
+# cost more CPU than they save: a loader's first ten batches take 12 s of CPU with C1 alone and 30 s
+# with tiered compilation (Java 17, two cores), and the JVMs are most of a test run's CPU.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 
 def require_mysql() -> None:
     """Skip the calling test, saying why, where no MySQL root is prepared (`binlake setup mysql`)."""
@@ -29,5 +35,6 @@ def require_mysql() -> None:
         pytest.skip(f"MySQL not available: {exc}")
 
 
-__all__ = ["BOTH_SOURCES", "MYSQL_SOURCE", "MariaDB", "MySQL", "NatsServer", "free_port", "mariadb_binaries",
-           "mysql_root", "nats_server_binary", "require_mysql", "start_mariadb", "start_mysql", "start_nats"]
+__all__ = ["BOTH_SOURCES", "MYSQL_SOURCE", "TEST_JVM_OPTIONS", "MariaDB", "MySQL", "NatsServer", "free_port",
+           "mariadb_binaries", "mysql_root", "nats_server_binary", "require_mysql", "start_mariadb", "start_mysql",
+           "start_nats"]

@@ -19,12 +19,12 @@ _SYSTEM = {"test_loader", "test_hostile_names", "test_service_users", "test_up",
 _HEAVY = {"test_compose_stack", "test_nats_cluster", "test_spark_cluster", "test_failover"}
 
 
-# Seconds a module takes in a full run on two workers (the --durations of .ci/run, 2 cores): the
-# longest go first, so that the two workers end together (longest-processing-time-first).
-_COST = {"test_compose_stack": 580, "test_loader": 425, "test_up": 255, "test_snapshot": 160,
-         "test_parser_operations": 150, "test_spark_cluster": 150, "test_lake_readers": 125,
-         "test_service_users": 110, "test_store": 105, "test_failover": 90, "test_hostile_names": 80,
-         "test_nats_cluster": 70, "test_memory": 70, "test_lake": 70}
+# Seconds a module takes in a full run on three workers (the --durations of .ci/run, 2 cores): the
+# longest go first, so that the workers end together (longest-processing-time-first).
+_COST = {"test_compose_stack": 690, "test_loader": 420, "test_parser_operations": 225, "test_snapshot": 205,
+         "test_up": 205, "test_store": 130, "test_spark_cluster": 120, "test_lake_readers": 105,
+         "test_hostile_names": 100, "test_lake": 90, "test_failover": 85, "test_nats_cluster": 70,
+         "test_memory": 60, "test_meta_backends": 60, "test_sink": 55, "test_verify": 45, "test_service_users": 45}
 
 
 def run_order(path: PurePath) -> tuple[int, int]:

@@ -13,6 +13,10 @@ docker0 bridge and its iptables chains). No registry is reachable here, so (PITF
   stand-ins built from the base image (tests/compose/standins);
 - compose v2 comes from Debian trixie's docker-compose and docker-buildx packages
   (bookworm's docker-compose 1.29 cannot read the file).
+
+`compose` adds one file of its own to the user's: the tests' JVM options (tests/servers.py) for
+the containers of the project's image, whose JVMs (the loader's, Spark's daemons) are the
+stack's largest CPU cost.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from pathlib import Path
 from typing import IO
 
 import yaml
+
+from tests.servers import TEST_JVM_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDINS = Path(__file__).resolve().parent / "standins"
@@ -217,8 +223,17 @@ class Engine:
 
     def compose(self, *args: str, env: dict[str, str] | None = None, timeout: float = 900,
                 check: bool = True, file: str = "docker-compose.yml") -> subprocess.CompletedProcess[str]:
-        return self.run("docker", "compose", "-f", ROOT / "deploy" / file, *args, env=env,
-                        timeout=timeout, check=check)
+        return self.run("docker", "compose", "-f", ROOT / "deploy" / file, "-f", self.jvm_options(file), *args,
+                        env=env, timeout=timeout, check=check)
+
+    def jvm_options(self, file: str) -> Path:
+        """A compose file that sets JAVA_TOOL_OPTIONS in every service of deploy/`file` that runs the project image."""
+        services = yaml.safe_load((ROOT / "deploy" / file).read_text())["services"]
+        names = [name for name, svc in services.items() if "BINLAKE_IMAGE" in str(svc.get("image", ""))]
+        path = self.home / f"jvm-options.{file}"
+        path.write_text(yaml.safe_dump({"services": {
+            name: {"environment": {"JAVA_TOOL_OPTIONS": TEST_JVM_OPTIONS}} for name in names}}))
+        return path
 
 
 def _remove_network_state() -> None:

@@ -131,15 +131,18 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
                                                                                                          1003, 1004]
 
         # An app's user: no other client, no meta, no stream, bucket, RAW subject or other inbox.
-        for verb in ("subscribe", "rollback", "unsubscribe", "ack", "get"):
-            assert await app.refused_request(NAMES.store_client_rpc("main", verb, "loader"))
-        assert await app.refused_request(NAMES.store_rpc("main", "subscribe"))
-        assert await app.refused_request(NAMES.meta_rpc("cursor.put"),
-                                         msgpack.packb({"key": "sink.main.p14", "value": {"seq": 10**9}}))
-        assert await app.refused_request(NAMES.meta_rpc("rewind"))
-        assert await app.refused_request("$JS.API.STREAM.INFO.BINLAKE_RAW")
-        assert await app.refused_request(f"$JS.API.STREAM.INFO.{objects.object_stream(NAMES.raw_objects_bucket)}")
-        assert await app.refused_request("$KV.binlake_cursors.sink.main.p14", b'{"seq": 1000000000}')
+        # (All at once: each refused request waits out its timeout.)
+        refused = await asyncio.gather(
+            *(app.refused_request(NAMES.store_client_rpc("main", verb, "loader"))
+              for verb in ("subscribe", "rollback", "unsubscribe", "ack", "get")),
+            app.refused_request(NAMES.store_rpc("main", "subscribe")),
+            app.refused_request(NAMES.meta_rpc("cursor.put"),
+                                msgpack.packb({"key": "sink.main.p14", "value": {"seq": 10**9}})),
+            app.refused_request(NAMES.meta_rpc("rewind")),
+            app.refused_request("$JS.API.STREAM.INFO.BINLAKE_RAW"),
+            app.refused_request(f"$JS.API.STREAM.INFO.{objects.object_stream(NAMES.raw_objects_bucket)}"),
+            app.refused_request("$KV.binlake_cursors.sink.main.p14", b'{"seq": 1000000000}'))
+        assert all(refused), (refused, app.errors)
         await app.nc.publish("binlake.raw.main.3.a.b.c", b"x")
         assert await app.violation("binlake.raw.main.3.a.b.c")
         for subject in ("binlake.raw.>", "binlake.cdc.>", "_INBOX.>", f"{permissions.inbox('loader')}.>"):
@@ -151,23 +154,7 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
         await asyncio.sleep(1)
 
         # Only the parser and the sink read BINLAKE_RAW; nobody but the admin defines a stream.
-        for role in ("store", "meta", "loader"):
-            other = await Conn.open(url, login(role, certs))
-            try:
-                js = other.nc.jetstream()
-                with pytest.raises((nats.errors.Error, TimeoutError)):
-                    await js.add_consumer(NAMES.raw_stream, ConsumerConfig(), timeout=2)
-                assert await other.violation(f"$JS.API.CONSUMER.CREATE.{NAMES.raw_stream}"), (role, other.errors)
-                with pytest.raises((nats.errors.Error, TimeoutError)):
-                    await js.add_stream(StreamConfig(name="COPY", subjects=["copy.>"],
-                                                     sources=[StreamSource(name=NAMES.raw_stream)]))
-                assert await other.violation("$JS.API.STREAM.CREATE.COPY"), (role, other.errors)
-                for stream in (NAMES.cdc_stream, "KV_binlake_leases"):  # a source added to one it reads
-                    with pytest.raises((nats.errors.Error, TimeoutError)):
-                        await js.update_stream(StreamConfig(name=stream, sources=[StreamSource(name=NAMES.raw_stream)]))
-                    assert await other.violation(f"$JS.API.STREAM.UPDATE.{stream}"), (role, other.errors)
-            finally:
-                await other.nc.close()
+        await asyncio.gather(*(_no_raw_and_no_streams(url, login(role, certs)) for role in ("store", "meta", "loader")))
 
         source.execute(*(f"INSERT INTO shop.t VALUES ({i})" for i in range(51, 61)), ssl={"ca": str(certs.ca)})
         assert await _read_ids(client, 10, procs) == list(range(51, 61))
@@ -188,6 +175,26 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
         await app.nc.close()
         for p in procs:
             p.stop()
+
+
+async def _no_raw_and_no_streams(url: str, auth: NatsSettings) -> None:
+    """A service's user that is not the parser's or the sink's reads no BINLAKE_RAW and defines no stream."""
+    other = await Conn.open(url, auth)
+    try:
+        js = other.nc.jetstream()
+        with pytest.raises((nats.errors.Error, TimeoutError)):
+            await js.add_consumer(NAMES.raw_stream, ConsumerConfig(), timeout=2)
+        assert await other.violation(f"$JS.API.CONSUMER.CREATE.{NAMES.raw_stream}"), (auth.nats_user, other.errors)
+        with pytest.raises((nats.errors.Error, TimeoutError)):
+            await js.add_stream(StreamConfig(name="COPY", subjects=["copy.>"],
+                                             sources=[StreamSource(name=NAMES.raw_stream)]))
+        assert await other.violation("$JS.API.STREAM.CREATE.COPY"), (auth.nats_user, other.errors)
+        for stream in (NAMES.cdc_stream, "KV_binlake_leases"):  # a source added to one it reads
+            with pytest.raises((nats.errors.Error, TimeoutError)):
+                await js.update_stream(StreamConfig(name=stream, sources=[StreamSource(name=NAMES.raw_stream)]))
+            assert await other.violation(f"$JS.API.STREAM.UPDATE.{stream}"), (auth.nats_user, other.errors)
+    finally:
+        await other.nc.close()
 
 
 async def _until(attempt: Callable[[], Any], procs: list[ServiceProcess], timeout_s: float = 90) -> Any:
