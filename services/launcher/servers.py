@@ -319,6 +319,15 @@ def _socket_path(basedir: Path) -> str:
     return os.path.join(tempfile.mkdtemp(prefix="binlake-sock-"), "mysqld.sock")
 
 
+def _tmpdir(basedir: Path) -> Path:
+    """The server's own directory for temporary tables and files: in the shared /tmp, a bootstrap
+    beside other servers lost one of its temporary tables ("Could not remove temporary table",
+    then "Unknown table 'mysql.tmp_user_sys'")."""
+    tmp = basedir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return tmp
+
+
 def _install_datadir(install_db: str, mariadbd: str, basedir: Path, datadir: Path) -> None:
     """Create the system tables in ``datadir`` (root@localhost/127.0.0.1 with empty password)."""
     log = basedir / "install.log"
@@ -326,6 +335,7 @@ def _install_datadir(install_db: str, mariadbd: str, basedir: Path, datadir: Pat
         install_db,
         "--no-defaults",
         f"--datadir={datadir}",
+        f"--tmpdir={_tmpdir(basedir)}",
         "--user=root",
         "--auth-root-authentication-method=normal",
         "--skip-test-db",
@@ -386,6 +396,7 @@ def start_mariadb(basedir: Path, *, log_bin: bool = True, extra_args: Sequence[s
         "--no-defaults",
         "--user=root",
         f"--datadir={datadir}",
+        f"--tmpdir={_tmpdir(basedir)}",
         f"--socket={sock}",
         f"--pid-file={basedir / 'mysqld.pid'}",
         f"--log-error={basedir / 'error.log'}",
@@ -479,7 +490,7 @@ def start_mysql(basedir: Path, *, server_id: int = 1, extra_args: Sequence[str] 
         log = basedir / "install.log"
         with log.open("wb") as out:
             rc = subprocess.call([*mysqld, "--initialize-insecure", f"--datadir={datadir}",
-                                  f"--log-error={basedir / 'error.log'}"],
+                                  f"--tmpdir={_tmpdir(basedir)}", f"--log-error={basedir / 'error.log'}"],
                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         if rc != 0:
             raise RuntimeError(f"mysqld --initialize failed with code {rc}; last lines of {basedir / 'error.log'}:\n"
@@ -488,6 +499,7 @@ def start_mysql(basedir: Path, *, server_id: int = 1, extra_args: Sequence[str] 
     common = [
         *mysqld,
         f"--datadir={datadir}",
+        f"--tmpdir={_tmpdir(basedir)}",
         f"--socket={sock}",
         f"--pid-file={basedir / 'mysqld.pid'}",
         f"--log-error={basedir / 'error.log'}",
