@@ -3,7 +3,7 @@
 The engine, its base image, the MySQL 9.7 image (from the prepared MySQL root) and the
 stand-ins for the NATS images are built first (see engine.py); then, with
 deploy/docker-compose.yml unchanged (only its host ports moved off the machine's own MySQL and
-NATS through the documented variables):
+NATS through the documented variables, and the tests' JVM options added: Engine.jvm_options):
 `up --build --wait`, a workload, `binlake verify` OK from inside the stack, `--scale sink=3`
 spreads the partitions over three workers, a kill -9 of the parser's process is restarted by
 Docker and nothing is lost or doubled, `down` then `up` continues where it stopped.
