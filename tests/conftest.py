@@ -25,7 +25,9 @@ from tests.tiers import TIERS, run_order, tier_of
 
 MariaDBFactory = Callable[..., MariaDB]
 
-os.environ["JAVA_TOOL_OPTIONS"] = TEST_JVM_OPTIONS  # inherited by every process a test starts
+# Inherited by every process a test starts; added to what the caller set (xdist's workers import this again).
+if TEST_JVM_OPTIONS not in os.environ.get("JAVA_TOOL_OPTIONS", ""):
+    os.environ["JAVA_TOOL_OPTIONS"] = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} {TEST_JVM_OPTIONS}".strip()
 
 
 def _require_mariadb() -> None:
