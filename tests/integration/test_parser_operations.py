@@ -603,8 +603,11 @@ def test_sigterm_during_a_publish_burst_stops_the_parser(mariadb: MariaDB, datab
     # One message per single-row transaction: the cheap count first (reading 40,000 messages on
     # every poll took the CPU the parser needed to publish them), then the rows themselves.
     wait_until(lambda: asyncio.run(_stored_count(nats_url)) >= total, 300, f"{total} messages", interval=1)
-    wait_until(lambda: count_rows(read_all(nats_url), database) >= total, 120, f"all {total} rows", interval=2)
-    msgs = read_all(nats_url)
+    def all_rows() -> list[StoredMsg] | None:
+        msgs = read_all(nats_url)
+        return msgs if count_rows(msgs, database) >= total else None
+
+    msgs: list[StoredMsg] = wait_until(all_rows, 120, f"all {total} rows", interval=2)
     assert_no_duplicates(msgs)
     ids = [r["after"]["id"] for m in msgs if m.env.get("table") == "burst" and m.env["op"] == "i"
            for r in m.env["rows"]]
