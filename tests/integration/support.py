@@ -110,9 +110,14 @@ def read_stream_sync(nats_url: str, stream: str = "BINLAKE_RAW", subject: str = 
     return asyncio.run(read_stream(nats_url, stream, subject, auth=auth, resolve=resolve))
 
 
+def cli_env(nats_url: str, **settings: str) -> dict[str, str]:
+    """The environment of a `binlake` command a test runs: no BINLAKE_* setting of the caller's, but
+    the rest inherited (coverage's subprocess measurement travels in it)."""
+    return clean_env(BINLAKE_NATS_URL=nats_url, **settings)
+
+
 def snapshot_cli(nats_url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {"BINLAKE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "services.cli", "snapshot", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "services.cli", "snapshot", *args], cwd=ROOT, env=cli_env(nats_url),
                           capture_output=True, text=True, timeout=timeout)
 
 

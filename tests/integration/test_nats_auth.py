@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.launcher.processes import ROOT, ServiceProcess
+from services.launcher.processes import ROOT, ServiceProcess, clean_env
 from tests.integration.certs import Certs, make_certs
 from tests.integration.support import wait_until
 from tests.servers import NatsServer, start_nats
@@ -18,7 +18,7 @@ from tests.servers import NatsServer, start_nats
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=ROOT,
-                          env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, timeout=60)
+                          env=clean_env(**env), capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture

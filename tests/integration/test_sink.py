@@ -18,6 +18,7 @@ from shared.subjects import DEFAULT_PARTITIONS, Names
 from tests.integration.support import (
     StoredMsg,
     assert_table_order,
+    cli_env,
     count_rows,
     read_stream_sync,
     replay,
@@ -130,7 +131,7 @@ def test_tables_are_spread_over_the_workers_not_partitions(mariadb, database, pa
     def split() -> tuple[dict[str, int], int]:
         """Tables per owner as `binlake status` computes the split, and the most tables of one partition."""
         out = subprocess.run([sys.executable, "-m", "services.cli", "status", "--json"], cwd=ROOT,
-                             env={"BINLAKE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"},
+                             env=cli_env(nats_url),
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         owners: dict[str, int] = {}

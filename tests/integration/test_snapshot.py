@@ -29,6 +29,7 @@ from tests.integration.lake_stack import ServiceFactory, Stack, assert_verify_eq
 from tests.integration.support import (
     StoredMsg,
     assert_table_order,
+    cli_env,
     read_stream_sync,
     row_changes,
     snapshot_cli,
@@ -460,13 +461,13 @@ def test_new_tables_are_snapshotted_on_first_sight_and_progress_is_visible(
     assert sum(len(m.env["rows"]) for m in msgs) == 1234
 
     status = subprocess.run([sys.executable, "-m", "services.cli", "status", "--json"], cwd=ROOT,
-                            env={"BINLAKE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"},
+                            env=cli_env(nats_url),
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr
     snaps = {s["table"]: s for s in json.loads(status.stdout)["snapshots"]}
     assert snaps[f"{db}.auto_items"]["state"] == "done" and snaps[f"{db}.auto_items"]["rows"] == 1234
     text = subprocess.run([sys.executable, "-m", "services.cli", "status"], cwd=ROOT,
-                          env={"BINLAKE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"},
+                          env=cli_env(nats_url),
                           capture_output=True, text=True, timeout=60).stdout
     assert f"{db}.auto_items: done 1234/1234 rows (100%)" in text, text
 
@@ -485,7 +486,7 @@ def test_killing_the_cli_leaves_the_snapshot_running(mariadb: MariaDB, database:
     mariadb.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY)")
     without_binlog(mariadb, f"INSERT INTO `{db}`.t SELECT seq FROM `{db}`.seq_1_to_10000")
     cli = subprocess.Popen([sys.executable, "-m", "services.cli", "snapshot", f"{db}.t"], cwd=ROOT,
-                           env={"BINLAKE_NATS_URL": nats_url, "PATH": "/usr/bin:/bin"},
+                           env=cli_env(nats_url),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_until(lambda: (progress(nats_url, db, "t") or {}).get("chunks", 0) >= 2, 60, "two chunks")
     cli.kill()
