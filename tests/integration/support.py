@@ -116,9 +116,14 @@ def cli_env(nats_url: str, **settings: str) -> dict[str, str]:
     return clean_env(BINLAKE_NATS_URL=nats_url, **settings)
 
 
-def snapshot_cli(nats_url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "services.cli", "snapshot", *args], cwd=ROOT, env=cli_env(nats_url),
+def binlake_cli(nats_url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`binlake <args>` against the test's NATS, its output captured."""
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=ROOT, env=cli_env(nats_url),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def snapshot_cli(nats_url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return binlake_cli(nats_url, "snapshot", *args, timeout=timeout)
 
 
 def wait_until(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:

@@ -18,7 +18,7 @@ from shared.subjects import DEFAULT_PARTITIONS, Names
 from tests.integration.support import (
     StoredMsg,
     assert_table_order,
-    cli_env,
+    binlake_cli,
     count_rows,
     read_stream_sync,
     replay,
@@ -115,10 +115,7 @@ def test_poisoned_message_goes_to_dead_letters_and_stops_its_partition(mariadb, 
 def test_tables_are_spread_over_the_workers_not_partitions(mariadb, database, parser, sink_factory, nats_url):
     """Eight tables that all hash to even partitions: round-robin would give one worker all of them."""
     import json
-    import subprocess
-    import sys
 
-    from services.launcher.processes import ROOT
     from shared.subjects import escape_token, partition
 
     db = database
@@ -130,9 +127,7 @@ def test_tables_are_spread_over_the_workers_not_partitions(mariadb, database, pa
 
     def split() -> tuple[dict[str, int], int]:
         """Tables per owner as `binlake status` computes the split, and the most tables of one partition."""
-        out = subprocess.run([sys.executable, "-m", "services.cli", "status", "--json"], cwd=ROOT,
-                             env=cli_env(nats_url),
-                             capture_output=True, text=True, timeout=60)
+        out = binlake_cli(nats_url, "status", "--json")
         assert out.returncode == 0, out.stderr
         owners: dict[str, int] = {}
         parts = json.loads(out.stdout)["partitions"]

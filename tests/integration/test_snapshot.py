@@ -29,6 +29,7 @@ from tests.integration.lake_stack import ServiceFactory, Stack, assert_verify_eq
 from tests.integration.support import (
     StoredMsg,
     assert_table_order,
+    binlake_cli,
     cli_env,
     read_stream_sync,
     row_changes,
@@ -460,15 +461,11 @@ def test_new_tables_are_snapshotted_on_first_sight_and_progress_is_visible(
     msgs = snapshot_rows(read_stream_sync(nats_url), db, "auto_items")
     assert sum(len(m.env["rows"]) for m in msgs) == 1234
 
-    status = subprocess.run([sys.executable, "-m", "services.cli", "status", "--json"], cwd=ROOT,
-                            env=cli_env(nats_url),
-                            capture_output=True, text=True, timeout=60)
+    status = binlake_cli(nats_url, "status", "--json")
     assert status.returncode == 0, status.stderr
     snaps = {s["table"]: s for s in json.loads(status.stdout)["snapshots"]}
     assert snaps[f"{db}.auto_items"]["state"] == "done" and snaps[f"{db}.auto_items"]["rows"] == 1234
-    text = subprocess.run([sys.executable, "-m", "services.cli", "status"], cwd=ROOT,
-                          env=cli_env(nats_url),
-                          capture_output=True, text=True, timeout=60).stdout
+    text = binlake_cli(nats_url, "status").stdout
     assert f"{db}.auto_items: done 1234/1234 rows (100%)" in text, text
 
     metrics = parse_metrics(http_get(f"http://127.0.0.1:{port}/metrics")[1])

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -26,7 +24,7 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client as NATS
 
-from services.launcher.processes import ROOT, ServiceProcess
+from services.launcher.processes import ServiceProcess
 from shared import envelope
 from shared.errors import NatsUnavailable
 from shared.meta_client import MetaClient
@@ -34,7 +32,7 @@ from shared.rpc import RpcError
 from shared.store_client import Batch, StoreClient
 from shared.subjects import Names
 from tests.integration.conftest import ParserFactory
-from tests.integration.support import StoredMsg, cli_env, read_stream
+from tests.integration.support import StoredMsg, binlake_cli, read_stream
 from tests.servers import MariaDB, NatsServer
 
 T = TypeVar("T")
@@ -716,7 +714,7 @@ async def test_rewind_to_a_timestamp_a_position_and_a_gtid_state(stack: Stack) -
     # a position in the middle of phase 2: from that event on
     target = phase2[2].env
     position = f"{target['pos']['file']}:{target['pos']['offset']}"
-    out = await asyncio.to_thread(rewind_cli, stack.nats_url, "rewinder", "--to-position", position)
+    out = await asyncio.to_thread(binlake_cli, stack.nats_url, "rewind", "rewinder", "--to-position", position)
     assert out.returncode == 0 and re.fullmatch(r"client rewinder rewound: next event is CDC sequence \d+\n",
                                                 out.stdout), out.stdout + out.stderr
     events = events_of(await drain(c, max_rows=3))
@@ -734,18 +732,13 @@ async def test_rewind_to_a_timestamp_a_position_and_a_gtid_state(stack: Stack) -
     await fresh.subscribe(filter=stack.table_filter(), start={"timestamp": ts2})
     assert ids_of(events_of(await drain(fresh))) == [*range(200, 205), *range(300, 305), 400, 401, 402]
     # rewinding to the future: nothing until something new happens
-    out = await asyncio.to_thread(rewind_cli, stack.nats_url, "fresh", "--to-timestamp", "2999-01-01T00:00:00Z")
+    future = "2999-01-01T00:00:00Z"
+    out = await asyncio.to_thread(binlake_cli, stack.nats_url, "rewind", "fresh", "--to-timestamp", future)
     assert out.returncode == 0, out.stderr
     assert events_of(await drain(fresh, idle=1)) == []
-    bad = await asyncio.to_thread(rewind_cli, stack.nats_url, "fresh", "--to-timestamp", "yesterday")
+    bad = await asyncio.to_thread(binlake_cli, stack.nats_url, "rewind", "fresh", "--to-timestamp", "yesterday")
     assert bad.returncode == 1 and "--to-timestamp must be epoch ms or ISO-8601, got 'yesterday'" in bad.stderr, \
         bad.stderr
-
-
-def rewind_cli(nats_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """`binlake rewind <args>` against the test's NATS."""
-    return subprocess.run([sys.executable, "-m", "services.cli", "rewind", *args], cwd=ROOT, env=cli_env(nats_url),
-                          capture_output=True, text=True, timeout=120)
 
 
 # -- bugs -------------------------------------------------------------------------------------
