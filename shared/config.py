@@ -137,6 +137,7 @@ def check_replicas(replicas: int) -> int:
 
 
 _INBOX = re.compile(INBOX_PREFIX)
+_API_PREFIX = re.compile(r"[^.*>\s]+(?:\.[^.*>\s]+)*")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,11 +162,17 @@ class NatsSettings:
     # Replies come to `<nats_inbox>.<id>`: a user confined to its own inbox prefix cannot read
     # the replies of another (deploy/nats/permissions.conf gives each user `_INBOX_<user>`).
     nats_inbox: str = "_INBOX"
+    # The JetStream API's subjects as this user's account names them: `$JS.binlake.API` for
+    # binlake's role accounts (shared.permissions), which reach the streams' API by imports.
+    nats_api_prefix: str = "$JS.API"
 
     def __post_init__(self) -> None:
         if not _INBOX.fullmatch(self.nats_inbox):
             raise ConfigError(f"BINLAKE_NATS_INBOX={self.nats_inbox!r} must be _INBOX or _INBOX_<user> "
                               "(letters, digits, _, - or %), e.g. _INBOX_loader: services answer only inboxes")
+        if not _API_PREFIX.fullmatch(self.nats_api_prefix):
+            raise ConfigError(f"BINLAKE_NATS_API_PREFIX={self.nats_api_prefix!r} must be a subject without "
+                              "wildcards, e.g. $JS.API (the default) or $JS.binlake.API (binlake's role accounts)")
         methods = [name for name, on in (("BINLAKE_NATS_USER/_PASSWORD", self.nats_user or self.nats_password),
                                          ("BINLAKE_NATS_TOKEN", self.nats_token),
                                          ("BINLAKE_NATS_CREDS", self.nats_creds),

@@ -60,6 +60,9 @@ def login_options(auth: NatsSettings, servers: list[str]) -> dict[str, Any]:
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             raise ConfigError(f"NATS TLS settings (BINLAKE_NATS_TLS_CA/_CERT/_KEY) cannot be used: {exc}") from None
         opts["tls"] = tls
+        # TLS before any byte of ours, on every (re)connection: a peer that does not speak TLS
+        # never sees CONNECT, with its password, in clear (the server needs handshake_first).
+        opts["tls_handshake_first"] = True
     return opts
 
 
@@ -70,8 +73,10 @@ def _refusal(exc: BaseException, shown: str) -> str | None:
         return (f"NATS at {shown} refused the login ({exc}); set the credentials binlake connects with: "
                 "BINLAKE_NATS_USER and _PASSWORD, _TOKEN, _CREDS or _NKEY_SEED (each also as *_FILE)")
     if isinstance(exc, ssl.SSLError) or "tls" in text or "certificate" in text:
-        return (f"TLS with NATS at {shown} failed ({exc!r}); use a tls:// URL and set BINLAKE_NATS_TLS_CA to "
-                "the CA that signed the server's certificate (BINLAKE_NATS_TLS_CERT/_KEY if it verifies clients)")
+        return (f"TLS with NATS at {shown} failed ({exc!r}); binlake starts TLS before it sends anything, so the "
+                "server needs TLS with `tls { handshake_first: true }` in its configuration (nats-server 2.10 or "
+                "later), and BINLAKE_NATS_TLS_CA the CA that signed the server's certificate "
+                "(BINLAKE_NATS_TLS_CERT/_KEY if it verifies clients)")
     return None
 
 
@@ -129,12 +134,6 @@ async def connect(url: str, name: str, *, auth: NatsSettings | None = None, conn
             raise ConfigError(refused) from exc
         raise NatsUnavailable(f"cannot reach NATS at {shown} ({exc!r}); start nats-server -js or fix the URL") \
             from exc
-    # nats.py encrypts only when the server demands it: a server without TLS must not get a
-    # connection that was asked to be encrypted.
-    if "tls" in login and not getattr(nc, "_server_info", {}).get("tls_required"):
-        await nc.close()
-        raise ConfigError(f"NATS at {shown} does not require TLS, but a tls:// URL or BINLAKE_NATS_TLS_* asks for "
-                          "it: turn TLS on in the server, or drop the TLS settings")
     return nc
 
 

@@ -95,8 +95,9 @@ def split_reply(reply: dict[str, Any], fields: tuple[str, ...], limit: int) -> l
              "last": n == len(cuts) - 1} for n, (a, b) in enumerate(cuts)]
 
 
-INBOX = re.compile(INBOX_PREFIX + r"\.[^\s*>]+")
-"""A reply subject binlake answers: under `_INBOX` or a user's `_INBOX_<user>` (BINLAKE_NATS_INBOX)."""
+INBOX = re.compile(rf"(?:{INBOX_PREFIX}|_R_)\.[^\s*>]+")
+"""A reply subject binlake answers: under `_INBOX` or a user's `_INBOX_<user>` (BINLAKE_NATS_INBOX), or
+`_R_`, nats-server's own reply subject for a request from another account (shared.permissions)."""
 
 
 def subject_matches(pattern: str, subject: str) -> bool:

@@ -47,7 +47,9 @@ class Batch:
 
 class StoreClient:
     def __init__(self, nc: NATS, client: str, *, source: str = "main", prefix: str = "binlake",
-                 timeout_s: float = 10.0, own_connection: bool = False) -> None:
+                 timeout_s: float = 10.0, own_connection: bool = False, api_prefix: str = "$JS.API") -> None:
+        """`api_prefix`: the JetStream API's subjects in this user's account (`$JS.binlake.API` in
+        binlake's client accounts, shared.permissions), for events larger than a NATS message."""
         if problem := clients.name_problem(client):
             raise ConfigError(f"client {client[:40]!r}: {problem}")
         self._nc = nc
@@ -56,7 +58,7 @@ class StoreClient:
         self._source = source
         self._timeout = timeout_s
         self._own = own_connection
-        self._js = nc.jetstream()
+        self._js = nc.jetstream(prefix=api_prefix)
 
     @classmethod
     async def connect(cls, nats_url: str, client: str, **kwargs: Any) -> StoreClient:

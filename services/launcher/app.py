@@ -108,11 +108,12 @@ def services(cfg: LauncherConfig, env: dict[str, str], data: Path) -> list[Child
 def start_bus(cfg: LauncherConfig, data: Path, ports: dict[str, int]) -> NatsServer | NatsCluster:
     """One nats-server, or with --nats-cluster N a cluster of N (its first node on the remembered port);
     either refuses connections without one of the data directory's logins."""
-    conf = ["-c", str(login.server_config(data, Names(cfg.prefix)))]
+    conf = login.server_config(data, Names(cfg.prefix))
     if cfg.nats_cluster == 1:
-        return start_nats(data / "nats", port=ports.get("nats", cfg.nats_port), extra_args=conf)
+        return start_nats(data / "nats", port=ports.get("nats", cfg.nats_port), extra_args=["-c", str(conf)])
     first = ports.get("nats", cfg.nats_port)
-    return start_nats_cluster(data / "nats-cluster", cfg.nats_cluster, extra_args=conf,
+    return start_nats_cluster(data / "nats-cluster", cfg.nats_cluster, conf=conf.read_text(),
+                              route_password=login.route_password(data),
                               ports=[port_or_free(first), *(free_port() for _ in range(cfg.nats_cluster - 1))])
 
 

@@ -30,13 +30,22 @@ def _write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-def password(data: Path, role: str = ADMIN) -> str:
-    """A role's NATS password, made on first use."""
-    path = password_file(data, role)
+def _secret(path: Path) -> str:
+    """A random secret kept in an owner-only file, made on first use."""
     path.parent.mkdir(mode=0o700, exist_ok=True)
     if not path.is_file():
         _write_private(path, secrets.token_urlsafe(24) + "\n")
     return path.read_text().strip()
+
+
+def password(data: Path, role: str = ADMIN) -> str:
+    """A role's NATS password, made on first use."""
+    return _secret(password_file(data, role))
+
+
+def route_password(data: Path) -> str:
+    """What the routes of a `--nats-cluster` log in with: no rogue server joins as a route."""
+    return _secret(data / "nats-route")
 
 
 def server_config(data: Path, names: Names) -> Path:
@@ -55,5 +64,4 @@ def admin(data: Path) -> NatsSettings:
 def client_env(data: Path, role: str) -> dict[str, str]:
     """The BINLAKE_NATS_* settings a child of `role` logs in with."""
     password(data, role)
-    return {"BINLAKE_NATS_USER": role, "BINLAKE_NATS_PASSWORD_FILE": str(password_file(data, role)),
-            "BINLAKE_NATS_INBOX": permissions.inbox(role)}
+    return {**permissions.login_env(role), "BINLAKE_NATS_PASSWORD_FILE": str(password_file(data, role))}

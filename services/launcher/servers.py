@@ -628,6 +628,10 @@ class NatsServer:
         )
 
 
+ROUTE_USER = "route"
+"""The user a cluster node's routes log in as."""
+
+
 def start_nats(basedir: Path, *, extra_args: Sequence[str] = (), port: int | None = None) -> NatsServer:
     """Start a private JetStream-enabled nats-server with its store and log under ``basedir``."""
     binary = nats_server_binary()
@@ -650,6 +654,7 @@ class NatsCluster:
 
     nodes: list[NatsServer]
     monitor_ports: list[int]
+    route_ports: list[int]
 
     @property
     def url(self) -> str:
@@ -685,23 +690,34 @@ class NatsCluster:
 
 
 def start_nats_cluster(basedir: Path, size: int = 3, *, ports: Sequence[int] | None = None,
-                       extra_args: Sequence[str] = ()) -> NatsCluster:
-    """`size` JetStream nats-servers named n0.. with full-mesh routes, each under basedir/n<i>."""
+                       extra_args: Sequence[str] = (), conf: str = "",
+                       route_password: str | None = None) -> NatsCluster:
+    """`size` JetStream nats-servers named n0.. with full-mesh routes, each under basedir/n<i>.
+
+    `conf`: configuration every node reads (accounts, users); `route_password`: a route must log
+    in as user `route` with it (a node's file, owner-only, holds it: no password on a command line)."""
     binary = nats_server_binary()
     basedir = Path(basedir).resolve()
     client = [port_or_free(p) for p in ports] if ports else [free_port() for _ in range(size)]
     cluster, monitor = [free_port() for _ in range(size)], [free_port() for _ in range(size)]
-    routes = ",".join(f"nats://127.0.0.1:{p}" for p in cluster)
+    login = f"{ROUTE_USER}:{route_password}@" if route_password else ""
+    routes = ", ".join(f'"nats://{login}127.0.0.1:{p}"' for p in cluster)
+    auth = (f'  authorization {{ user: "{ROUTE_USER}", password: "{route_password}" }}\n'
+            if route_password else "")
     nodes = []
     for i in range(size):
         home = basedir / f"n{i}"
         (home / "jetstream").mkdir(parents=True, exist_ok=True)
         log_file = home / "nats-server.log"
-        args = [binary, "-a", "127.0.0.1", "-p", str(client[i]), "-n", f"n{i}", "-js", "-sd", str(home / "jetstream"),
-                "-l", str(log_file), "-m", str(monitor[i]), "--cluster_name", "binlake",
-                "--cluster", f"nats://127.0.0.1:{cluster[i]}", "--routes", routes, *extra_args]
+        node_conf = home / "node.conf"
+        fd = os.open(node_conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(conf + f'cluster {{\n  name: "binlake"\n  listen: "127.0.0.1:{cluster[i]}"\n{auth}'
+                             f"  routes: [{routes}]\n}}\n")
+        args = [binary, "-c", str(node_conf), "-a", "127.0.0.1", "-p", str(client[i]), "-n", f"n{i}", "-js",
+                "-sd", str(home / "jetstream"), "-l", str(log_file), "-m", str(monitor[i]), *extra_args]
         nodes.append(NatsServer(port=client[i], store_dir=home / "jetstream", log_file=log_file, proc=None, args=args))
-    started = NatsCluster(nodes, monitor)
+    started = NatsCluster(nodes, monitor, cluster)
     try:
         for node in nodes:
             node.start()

@@ -30,7 +30,7 @@ async def main(cfg: LoaderConfig) -> None:
     log = structlog.get_logger()
     leader = registry.gauge("loader_leader", "1 while this instance holds the loader lease")
     async with runtime(cfg, "loader", registry) as nc:
-        js = nc.jetstream()
+        js = nc.jetstream(prefix=cfg.nats_api_prefix)
         leases = await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=cfg.lease_ttl_s, replicas=cfg.replicas)
         lease = Lease(leases, keys.loader_lease(cfg.source, cfg.client), cfg.instance,
                       await bucket_ttl(leases, cfg.lease_ttl_s))
@@ -52,7 +52,8 @@ async def main(cfg: LoaderConfig) -> None:
                         include=lambda db, table: pattern.fullmatch(f"{db}.{table}") is not None,
                         views=cfg.catalog_type != "hadoop")
             # An ack may wait behind the read-ahead's long poll: the store serves a client's verbs in turn.
-            client = StoreClient(nc, cfg.client, source=cfg.source, prefix=cfg.prefix, timeout_s=30.0 + cfg.flush_s)
+            client = StoreClient(nc, cfg.client, source=cfg.source, prefix=cfg.prefix, timeout_s=30.0 + cfg.flush_s,
+                                 api_prefix=cfg.nats_api_prefix)
             maintenance = Maintenance(lake, cfg.maintenance_s, cfg.keep_snapshots_s)
             loader = Loader(cfg, client, lake, maintenance, registry, js, lake_thread)
             await supervise_call(loader.run, cfg.restart, loader.log)

@@ -29,7 +29,7 @@ async def main(cfg: MetaConfig) -> None:
     registry = Registry()
     names = Names(cfg.prefix)
     async with runtime(cfg, "meta", registry) as nc:
-        js = nc.jetstream()
+        js = nc.jetstream(prefix=cfg.nats_api_prefix)
         backend: MetaBackend = (KvBackend(js, names.cursors_bucket, names.schema_bucket, cfg.replicas)
                                 if cfg.backend == "kv" else MysqlBackend(cfg.meta_mysql_url))
         await backend.start()

@@ -51,7 +51,7 @@ async def init(url: str, auth: NatsSettings, env: Mapping[str, str] | None = Non
     cfg = StoreConfig.from_env(env)
     nc = await jetstream.connect(url, name="binlake-init", auth=auth, first_connect_s=10.0)
     try:
-        return await define_all(nc.jetstream(), cfg)
+        return await define_all(nc.jetstream(prefix=auth.nats_api_prefix), cfg)
     finally:
         await nc.close()
 

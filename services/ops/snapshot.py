@@ -82,9 +82,10 @@ class Progress:
 async def request(url: str, prefix: str, source: str, patterns: list[str], *, wait: bool, accept_timeout_s: float,
                   out: TextIO) -> int:
     names = Names(prefix)
-    nc = await jetstream.connect(url, name="binlake-snapshot", auth=nats_auth(), first_connect_s=3.0)
+    auth = nats_auth()
+    nc = await jetstream.connect(url, name="binlake-snapshot", auth=auth, first_connect_s=3.0)
     try:
-        js = nc.jetstream()
+        js = nc.jetstream(prefix=auth.nats_api_prefix)
         kv = await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=replicas())
         req = snap.SnapshotRequest(id=secrets.token_hex(6), patterns=patterns, created_ms=int(time.time() * 1000))
         key = keys.snapshot_request(source, req.id)

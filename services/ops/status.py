@@ -23,21 +23,14 @@ from shared.subjects import Names
 
 
 async def _kv(js: JetStreamContext, bucket: str) -> dict[str, Any]:
-    try:
-        kv = await js.key_value(bucket)
-        keys = await kv.keys()
-    except (nats.js.errors.BucketNotFoundError, nats.js.errors.NoKeysError):
-        return {}
+    """Every live key of `bucket`, its value parsed as JSON where it is JSON (a pull consumer: a
+    push consumer, as nats.py's `keys()` uses, delivers nothing across NATS accounts)."""
     out: dict[str, Any] = {}
-    for key in keys:
+    for key, value, _ in await jetstream.kv_entries(js, bucket):
         try:
-            entry = await kv.get(key)
-        except nats.js.errors.KeyNotFoundError:
-            continue
-        try:
-            out[key] = json.loads(entry.value or b"null")
+            out[key] = json.loads(value or b"null")
         except ValueError:
-            out[key] = (entry.value or b"").decode(errors="replace")
+            out[key] = (value or b"").decode(errors="replace")
     return out
 
 
@@ -46,9 +39,10 @@ _PARTITIONS = re.compile(r"partition\((\d+),")
 
 async def collect(url: str, prefix: str, source: str, partitions: int | None) -> dict[str, Any]:
     names = Names(prefix)
-    nc = await jetstream.connect(url, name="binlake-status", auth=nats_auth(), first_connect_s=3.0)
+    auth = nats_auth()
+    nc = await jetstream.connect(url, name="binlake-status", auth=auth, first_connect_s=3.0)
     try:
-        js = nc.jetstream()
+        js = nc.jetstream(prefix=auth.nats_api_prefix)
         streams: dict[str, dict[str, int] | None] = {}
         for stream in (names.raw_stream, names.cdc_stream, names.dlq_stream):
             try:

@@ -44,10 +44,11 @@ def table_subject(names: Names, source: str, table: str) -> str:
 async def tail(url: str, prefix: str, source: str, table: str, frm: str, follow: bool, limit: int) -> int:
     names = Names(prefix)
     subject = table_subject(names, source, table)
-    nc = await jetstream.connect(url, name="binlake-tail", auth=nats_auth(), first_connect_s=3.0)
+    auth = nats_auth()
+    nc = await jetstream.connect(url, name="binlake-tail", auth=auth, first_connect_s=3.0)
     printed = 0
     try:
-        js = nc.jetstream()
+        js = nc.jetstream(prefix=auth.nats_api_prefix)
         try:
             info = await js.stream_info(names.cdc_stream)
         except nats.js.errors.NotFoundError:

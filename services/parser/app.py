@@ -37,7 +37,7 @@ async def main(cfg: ParserConfig) -> None:
     leader = registry.gauge("parser_leader", "1 while this instance holds the parser lease")
     watch = SourceWatch(cfg.stall_s, registry)
     async with runtime(cfg, "parser", registry, problem=watch.problem) as nc:
-        js = nc.jetstream()
+        js = nc.jetstream(prefix=cfg.nats_api_prefix)
         names = Names(cfg.prefix)
         leases = await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=cfg.lease_ttl_s, replicas=cfg.replicas)
         cursors = await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=cfg.replicas)

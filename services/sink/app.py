@@ -23,7 +23,7 @@ async def main(cfg: SinkConfig) -> None:
     rules = cfg.rules()
     names = Names(cfg.prefix)
     async with runtime(cfg, "sink", registry) as nc:
-        js = nc.jetstream()
+        js = nc.jetstream(prefix=cfg.nats_api_prefix)
         await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas)
         await objects.ensure_or_warn(js, names.cdc_objects_bucket, names.cdc_stream, replicas=cfg.replicas)
         await jetstream.ensure_kv(js, names.members_bucket, ttl_s=cfg.member_ttl_s, replicas=cfg.replicas)

@@ -1,6 +1,6 @@
 """Sink membership: each worker keeps a key alive in a TTL bucket and watches the others.
 
-One long-lived KV watcher (an ordered consumer) sees every member's renewals; listing the
+One long-lived KV watcher (an ordered pull consumer) sees every member's renewals; listing the
 bucket's keys would create and delete a consumer through the meta leader every second.
 A member whose renewals stop for a TTL is dead; the TTL is measured against this worker's
 own renewals as the watcher sees them, so a bus that stalls (a JetStream leader election)
@@ -26,16 +26,15 @@ from dataclasses import dataclass
 import nats.errors
 import nats.js.errors
 import structlog
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 
 from shared import keys
 from shared.actor import Latest, raise_if_cancelled
+from shared.ordered_reader import OrderedReader
 from shared.subjects import kv_stream, kv_subject
 
+WATCH_BATCH = 256
 MEMBER_HEADER = "Binlake-Member"
 """On each renewal: the member's own key. A server reply relayed into the bucket carries no headers."""
 _GONE_MARKERS = frozenset({"MaxAge", "Purge", "Remove"})  # Nats-Marker-Reason of a server-removed key
@@ -98,28 +97,27 @@ def _names_itself(data: bytes, key: str) -> bool:
 
 
 class MemberWatch:
-    """An ordered, headers-only watch of the member keys that keeps each entry's headers.
+    """An ordered watch of the member keys that keeps each entry's headers.
 
     nats.py's KV watcher drops them, and they are what tells a member's renewal from a server
-    reply relayed into the bucket.
+    reply relayed into the bucket. A pull consumer (`OrderedReader`): a push consumer would
+    deliver in the streams' account, which a role's account does not hear (shared.permissions).
     """
 
     def __init__(self, js: JetStreamContext, bucket: str, prefix: str) -> None:
-        self._js = js
         self._bucket = bucket
-        self._filter = kv_subject(bucket, f"{prefix}>")
+        self._reader = OrderedReader(js, kv_stream(bucket), kv_subject(bucket, f"{prefix}>"), 1, WATCH_BATCH)
         self._updates: asyncio.Queue[Update | None] = asyncio.Queue(1_000)
-        self._sub: Subscription | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        # With the values (a few bytes each): a worker from before the header is known by its value.
-        self._sub = await self._js.subscribe(self._filter, stream=kv_stream(self._bucket), cb=self._on_msg,
-                                             ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                                             inactive_threshold=300.0)
+        self._task = asyncio.create_task(self._run(), name="member-watch")
 
-    async def _on_msg(self, msg: Msg) -> None:
-        await self._updates.put(update_of(kv_subject(self._bucket, ""), msg.subject, dict(msg.headers or {}),
-                                          msg.data or b""))
+    async def _run(self) -> None:
+        while True:
+            for msg in await self._reader.fetch(1.0):
+                await self._updates.put(update_of(kv_subject(self._bucket, ""), msg.subject,
+                                                  dict(msg.headers or {}), msg.data or b""))
 
     async def next(self, timeout: float) -> Update | None:
         """The next update, or None when none came within `timeout` seconds."""
@@ -131,9 +129,12 @@ class MemberWatch:
         return update
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
-                await asyncio.wait_for(self._sub.unsubscribe(), 2)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
+            await asyncio.wait_for(self._reader.close(), 2)
 
 
 class Membership:

@@ -22,7 +22,7 @@ async def main(cfg: StoreConfig) -> None:
     registry = Registry()
     names = Names(cfg.prefix)
     async with runtime(cfg, "store", registry) as nc:
-        js = nc.jetstream()
+        js = nc.jetstream(prefix=cfg.nats_api_prefix)
         await apply_retention(js, names, cfg.cdc_max_age_s, cfg.cdc_max_bytes, cfg.replicas, must_apply=False)
         store = StoreServer(nc, js, names, cfg.source, MetaClient(nc, cfg.prefix, cfg.meta_timeout_s), registry,
                             cfg.max_batch_rows, max_batch_bytes=cfg.max_batch_bytes,

@@ -21,6 +21,13 @@ class Certs:
     client_cert: Path
     client_key: Path
 
+    def nats_tls(self, *, verify: bool = False) -> str:
+        """nats-server's `tls` block for these certificates: TLS first, as binlake's clients start it
+        (`verify`: clients must present a certificate signed by the CA)."""
+        ca = f'  ca_file: "{self.ca}"\n  verify: true\n' if verify else ""
+        return (f'tls {{\n  cert_file: "{self.server_cert}"\n  key_file: "{self.server_key}"\n{ca}'
+                "  handshake_first: true\n}\n")
+
 
 def _name(cn: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])

@@ -40,15 +40,15 @@ def bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[NatsServer]
 @pytest.mark.timeout(180)
 async def test_a_client_user_acts_only_as_itself(bus: NatsServer, tmp_path: Path) -> None:
     def env(role: str) -> dict[str, str]:
-        return {"BINLAKE_NATS_URL": bus.url, "BINLAKE_NATS_USER": role, "BINLAKE_NATS_PASSWORD": f"{role}-pw",
-                "BINLAKE_NATS_INBOX": permissions.inbox(role), "BINLAKE_METRICS_PORT": "-1"}
+        return {"BINLAKE_NATS_URL": bus.url, "BINLAKE_NATS_PASSWORD": f"{role}-pw", **permissions.login_env(role),
+                "BINLAKE_METRICS_PORT": "-1"}
     await init.init(bus.url, NatsSettings(nats_user="admin", nats_password="admin-pw"), {})  # streams, as admin
     meta = ServiceProcess("services.meta", env("meta"), tmp_path / "meta.log").start()
     store = ServiceProcess("services.store", env("store"), tmp_path / "store.log").start()
     app = await connect(bus.url, "app1", auth=NatsSettings(nats_user="app1", nats_password="app1-pw",
                                                            nats_inbox=permissions.inbox("app1")))
     try:
-        c = StoreClient(app, "app1", timeout_s=5)
+        c = StoreClient(app, "app1", timeout_s=5, api_prefix=permissions.ROLE_API)
 
         async def subscribed() -> bool:
             try:

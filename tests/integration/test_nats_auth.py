@@ -3,14 +3,22 @@ token, TLS with a private CA and a client certificate. A refused login says what
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import nats
+import nats.errors
 import pytest
 
 from services.launcher.processes import ROOT, ServiceProcess, clean_env
+from services.launcher.servers import free_port, start_nats_cluster
+from shared.config import NatsSettings
+from shared.errors import ConfigError
+from shared.jetstream import connect
 from tests.integration.certs import Certs, make_certs
 from tests.integration.support import wait_until
 from tests.servers import NatsServer, start_nats
@@ -62,9 +70,9 @@ def test_token(server: NatsServer) -> None:
 
 
 def test_tls_with_a_private_ca_and_a_client_certificate(tmp_path: Path, certs: Certs) -> None:
-    ns = start_nats(tmp_path / "nats", extra_args=["--tls", "--tlscert", str(certs.server_cert), "--tlskey",
-                                                     str(certs.server_key), "--tlscacert", str(certs.ca),
-                                                     "--tlsverify"])
+    conf = tmp_path / "tls.conf"
+    conf.write_text(certs.nats_tls(verify=True))
+    ns = start_nats(tmp_path / "nats", extra_args=["-c", str(conf)])
     try:
         url = f"tls://127.0.0.1:{ns.port}"
         env = {"BINLAKE_NATS_URL": url, "BINLAKE_NATS_TLS_CA": str(certs.ca),
@@ -85,10 +93,110 @@ def test_tls_with_a_private_ca_and_a_client_certificate(tmp_path: Path, certs: C
         ns.stop()
 
 
-def test_tls_asked_of_a_server_without_it_is_refused(tmp_path: Path, certs: Certs) -> None:
-    ns = start_nats(tmp_path / "nats")
+class PlainPeer:
+    """A fake NATS server without TLS that says it wants none, and keeps every byte it is sent."""
+
+    INFO = (b'INFO {"server_id":"fake","version":"2.10.0","proto":1,"tls_required":false,'
+            b'"auth_required":true,"max_payload":1048576}\r\n')
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self, port: int = 0) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        writer.write(self.INFO)
+        with contextlib.suppress(OSError, TimeoutError):
+            self.received += await asyncio.wait_for(reader.read(65536), 3)
+            writer.write(b"-ERR 'Unknown Protocol Operation'\r\n")  # as nats-server answers bytes it cannot parse
+        writer.close()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+SECRET = "not-for-a-plain-peer"
+
+
+async def test_tls_first_a_plain_peer_never_sees_connect_on_the_first_connection(certs: Certs) -> None:
+    peer = PlainPeer()
+    port = await peer.start()
     try:
-        plain = cli({"BINLAKE_NATS_URL": f"tls://127.0.0.1:{ns.port}", "BINLAKE_NATS_TLS_CA": str(certs.ca)}, "status")
-        assert plain.returncode != 0 and "does not require TLS" in plain.stderr, plain.stderr
+        with pytest.raises(ConfigError, match="handshake_first"):
+            await connect(f"tls://127.0.0.1:{port}", "t", first_connect_s=3.0, connect_timeout=1.0,
+                          auth=NatsSettings(nats_user="u", nats_password=SECRET, nats_tls_ca=str(certs.ca)))
+        assert peer.connections >= 1
+        assert b"CONNECT" not in peer.received and SECRET.encode() not in peer.received, peer.received[:200]
     finally:
+        await peer.stop()
+
+
+async def test_tls_first_a_plain_peer_never_sees_connect_on_a_reconnect(tmp_path: Path, certs: Certs) -> None:
+    """The real server goes away and a plain-text impostor takes its port: the client reconnects to
+    it with a TLS handshake, which fails, and never sends its login or a message in clear."""
+    conf = tmp_path / "tls.conf"
+    conf.write_text(certs.nats_tls() + f'authorization {{ user: "u", password: "{SECRET}" }}\n')
+    ns = start_nats(tmp_path / "nats", extra_args=["-c", str(conf)])
+    peer = PlainPeer()
+    nc = await connect(f"tls://127.0.0.1:{ns.port}", "t",
+                       auth=NatsSettings(nats_user="u", nats_password=SECRET, nats_tls_ca=str(certs.ca)))
+    try:
+        await nc.publish("before", b"hello")
+        await nc.flush()
         ns.stop()
+        await peer.start(ns.port)
+        # A row to send, buffered while the client reconnects (a task: nats-py may hold the call).
+        pending = asyncio.create_task(nc.publish("after", b"row data in clear?"))
+        deadline = asyncio.get_running_loop().time() + 20
+        while peer.connections < 3:
+            assert asyncio.get_running_loop().time() < deadline, "the client never came back"
+            await asyncio.sleep(0.1)
+        assert b"CONNECT" not in peer.received and SECRET.encode() not in peer.received, peer.received[:200]
+        assert b"row data" not in peer.received and b"PUB" not in peer.received
+        pending.cancel()
+    finally:
+        with contextlib.suppress(TimeoutError):  # nats-py's close waits on a reconnect that cannot succeed
+            await asyncio.wait_for(nc.close(), 5)
+        await peer.stop()
+
+
+async def test_a_route_without_the_cluster_password_is_refused(tmp_path: Path) -> None:
+    """A rogue nats-server that names a node as its route gets nothing of the cluster's traffic;
+    the nodes, which log in to each other, route as before."""
+    cluster = start_nats_cluster(tmp_path / "cluster", 2, route_password="route-secret")
+    rogue = None
+    try:
+        cluster.wait_healthy()
+        rogue = start_nats(tmp_path / "rogue", extra_args=[
+            "-n", "rogue", "--cluster_name", "binlake", "--cluster", f"nats://127.0.0.1:{free_port()}",
+            "--routes", f"nats://127.0.0.1:{cluster.route_ports[0]}"])
+        a = await nats.connect(cluster.nodes[0].url)
+        b = await nats.connect(cluster.nodes[1].url)
+        spy = await nats.connect(rogue.url)
+        try:
+            routed = await b.subscribe("rows.>")
+            stolen = await spy.subscribe("rows.>")
+            await b.flush()
+            await spy.flush()
+            await asyncio.sleep(1.0)  # the rogue's route attempts, and the nodes' interest, settle
+            for _ in range(5):
+                await a.publish("rows.t", b"a row")
+                await a.flush()
+                await asyncio.sleep(0.2)
+            assert (await routed.next_msg(timeout=5)).data == b"a row"
+            with pytest.raises(nats.errors.TimeoutError):
+                await stolen.next_msg(timeout=1)
+            assert "Router connection closed: Authentication Failure" in cluster.nodes[0].log_file.read_text()
+        finally:
+            for nc in (a, b, spy):
+                await nc.close()
+    finally:
+        if rogue is not None:
+            rogue.stop()
+        cluster.stop()

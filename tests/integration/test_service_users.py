@@ -47,9 +47,9 @@ def certs(tmp_path: Path) -> Certs:
 def bus(tmp_path: Path, certs: Certs) -> Iterator[NatsServer]:
     conf = tmp_path / "nats.conf"
     conf.write_text(permissions.server_config(
-        NAMES, {r: f'"{PASSWORDS[r]}"' for r in permissions.ROLES}, {"app1": f'"{PASSWORDS["app1"]}"'}))
-    ns = start_nats(tmp_path / "nats", extra_args=["-c", str(conf), "--tls", "--tlscert", str(certs.server_cert),
-                                                    "--tlskey", str(certs.server_key)])
+        NAMES, {r: f'"{PASSWORDS[r]}"' for r in permissions.ROLES}, {"app1": f'"{PASSWORDS["app1"]}"'})
+        + certs.nats_tls())
+    ns = start_nats(tmp_path / "nats", extra_args=["-c", str(conf)])
     yield ns
     ns.stop()
 
@@ -61,7 +61,7 @@ def login(user: str, certs: Certs) -> NatsSettings:
 
 def role_env(role: str, url: str, certs: Certs) -> dict[str, str]:
     return {"BINLAKE_NATS_URL": url, "BINLAKE_NATS_USER": role, "BINLAKE_NATS_PASSWORD": PASSWORDS[role],
-            "BINLAKE_NATS_TLS_CA": str(certs.ca), "BINLAKE_NATS_INBOX": permissions.inbox(role)}
+            "BINLAKE_NATS_TLS_CA": str(certs.ca), **permissions.login_env(role)}
 
 
 class Conn:
@@ -119,7 +119,7 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
     start("services.loader", "loader", sink_env(url, **lake))
     app = await Conn.open(url, login("app1", certs))
     try:
-        client = StoreClient(app.nc, "app1", timeout_s=5)
+        client = StoreClient(app.nc, "app1", timeout_s=5, api_prefix=permissions.ROLE_API)
         await _until(lambda: client.subscribe(start="earliest"), procs)
         source.execute(*(f"INSERT INTO shop.t VALUES ({i})" for i in range(1, 51)), ssl={"ca": str(certs.ca)})
         # Rows that make the store's reply larger than a message: it comes in parts, all allowed.
@@ -148,7 +148,8 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
         for subject in ("binlake.raw.>", "binlake.cdc.>", "_INBOX.>", f"{permissions.inbox('loader')}.>"):
             await app.nc.subscribe(subject)
             assert await app.violation(subject), app.errors
-        # Its own subject with a reply subject in RAW or a bucket: the store answers only inboxes.
+        # Its own subject with a reply subject in RAW or a bucket: the answer goes back into app1's
+        # own account, where nothing listens there (test_bus_escalation.py tries every such reply).
         for reply in ("binlake.raw.main.shop.t", "$KV.binlake_cursors.sink.main.p0"):
             await app.nc.publish(NAMES.store_client_rpc("main", "get", "app1"), b"\x80", reply=reply)
         await asyncio.sleep(1)
@@ -168,7 +169,6 @@ async def test_the_pipeline_runs_as_its_users_and_nothing_else_gets_through(
             return out.returncode == 0 and "OK    shop.t: 60 rows" in out.stdout
         wait_until(verified, 300, "binlake verify to find shop.t equal", interval=5)
         assert sink.running and all(p.running for p in procs), "\n".join(p.output[-3000:] for p in procs)
-        assert procs[1].output.count('"rpc.refused"') == 2  # the two hijacked replies, in the store's log
         raw = await read_stream(url, NAMES.raw_stream, auth=login("admin", certs))
         assert raw and all("v" in m.env for m in raw), [m.env for m in raw if "v" not in m.env]
     finally:

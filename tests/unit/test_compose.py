@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from shared import permissions
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 BINLAKE_SERVICES = {"meta", "store", "parser", "sink", "loader"}
@@ -130,9 +132,13 @@ def test_the_cluster_file_has_three_nats_nodes_r3_and_a_spark_cluster():
     for name in BINLAKE_SERVICES:
         assert services[name]["environment"]["BINLAKE_NATS_URL"] == urls
         assert services[name]["environment"]["BINLAKE_REPLICAS"] == "3"
-    for i in (1, 2, 3):
-        routes = services[f"nats-{i}"]["command"]
-        assert "--cluster_name" in routes and "--routes" in routes
+    for i in (1, 2, 3):  # routes log in (nats/cluster.conf), with the password from deploy/.env
+        node = services[f"nats-{i}"]
+        assert node["command"][:2] == ["-c", "/etc/nats/cluster.conf"]
+        others = sorted(v for k, v in node["environment"].items() if k in ("BINLAKE_ROUTE_1", "BINLAKE_ROUTE_2"))
+        assert others == [f"nats://route:${{BINLAKE_ROUTE_PASSWORD}}@nats-{j}:6222" for j in (1, 2, 3) if j != i]
+    cluster_conf = (DEPLOY / "nats" / "cluster.conf").read_text()
+    assert "authorization { user: route, password: $BINLAKE_ROUTE_PASSWORD }" in cluster_conf
     assert services["loader"]["environment"]["BINLAKE_MASTER"] == "spark://spark-master:7077"
     for worker in ("spark-worker-1", "spark-worker-2"):
         assert services[worker]["command"][:3] == ["spark", "worker", "spark://spark-master:7077"]
@@ -147,12 +153,13 @@ def test_auth_is_on_and_each_service_has_its_own_user(file: str) -> None:
     for name in (*BINLAKE_SERVICES, "ops", "init"):
         env = services[name]["environment"]
         role = "admin" if name in ("ops", "init") else name
-        assert env["BINLAKE_NATS_USER"] == role and env["BINLAKE_NATS_INBOX"] == f"_INBOX_{role}"
+        # compose reads `$$` as `$`
+        assert {k: env[k].replace("$$", "$") for k in permissions.login_env(role)} == permissions.login_env(role), name
         assert env["BINLAKE_NATS_PASSWORD"] == f"${{BINLAKE_{role.upper()}_PASSWORD}}"
         assert ("BINLAKE_SOURCE_URL" in env) == (name in ("parser", "loader")), name
     for name, svc in services.items():
         if name.startswith("nats") and name != "nats-box":
-            assert svc["command"][:2] == ["-c", "/etc/nats/permissions.conf"]
+            assert svc["command"][:2] in (["-c", "/etc/nats/permissions.conf"], ["-c", "/etc/nats/cluster.conf"])
             assert "./nats/permissions.conf:/etc/nats/permissions.conf:ro" in svc["volumes"]
     # No password has a default: without deploy/.env compose stops and names the script.
     for var in ("MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", "BINLAKE_ADMIN_PASSWORD"):

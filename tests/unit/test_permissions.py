@@ -82,9 +82,9 @@ def test_make_env_writes_private_random_passwords_once(tmp_path: Path) -> None:
     env = tmp_path / ".env"
     assert env.stat().st_mode & 0o777 == 0o600
     values = dict(line.split("=", 1) for line in env.read_text().splitlines())
-    assert set(values) == {"MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD",
+    assert set(values) == {"MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", "BINLAKE_ROUTE_PASSWORD",
                            *(f"BINLAKE_{r.upper()}_PASSWORD" for r in permissions.ROLES)}
-    assert all(len(v) == 32 and int(v, 16) >= 0 for v in values.values()) and len(set(values.values())) == 8
+    assert all(len(v) == 32 and int(v, 16) >= 0 for v in values.values()) and len(set(values.values())) == 9
     before = env.read_text()
     again = subprocess.run(["sh", str(script)], check=True, capture_output=True, text=True)
     assert env.read_text() == before and "kept" in again.stderr
@@ -97,3 +97,39 @@ def test_a_bad_inbox_prefix_is_refused(inbox: str) -> None:
 
     with pytest.raises(ConfigError, match="BINLAKE_NATS_INBOX"):
         NatsSettings(nats_inbox=inbox)
+
+
+def _account(conf: str, name: str) -> str:
+    start = conf.index(f'  "{name}": {{\n')
+    return conf[start:conf.index("\n  }\n", start)]
+
+
+def test_the_streams_live_in_an_account_without_users_or_imports() -> None:
+    conf = permissions.server_config(NAMES, {r: '"pw"' for r in permissions.ROLES}, {"app1": '"pw"'})
+    data = _account(conf, permissions.DATA)
+    assert "jetstream: enabled" in data and "users:" not in data and "imports:" not in data
+    for role in permissions.ROLES:
+        block = _account(conf, permissions.account(role))
+        assert "jetstream" not in block and block.count("user: ") == 1, role
+    # Only the admin's inboxes hear what the streams' account delivers (push consumers).
+    assert [line.strip() for line in data.splitlines() if "{ stream:" in line] == [
+        '{ stream: "_INBOX.>" }', '{ stream: "_INBOX_admin.>" }']
+
+
+def test_a_role_imports_its_grant_and_calls_the_api_under_its_own_prefix() -> None:
+    conf = permissions.server_config(NAMES, {r: '"pw"' for r in permissions.ROLES})
+    parser = _account(conf, "PARSER")
+    assert ('{ service: { account: "BINLAKE", subject: "$JS.API.DIRECT.GET.BINLAKE_RAW" }, '
+            'to: "$JS.binlake.API.DIRECT.GET.BINLAKE_RAW" }') in parser
+    assert '{ service: { account: "META", subject: "binlake.meta.schema.add" } }' in parser
+    imported = parser.count("{ service: { account:")
+    assert imported == len(dict.fromkeys(permissions.grants(NAMES)["parser"].publish))
+    assert "STREAM.PURGE.BINLAKE" not in parser and "$JS.API.>" not in parser
+    admin = _account(conf, "ADMIN")
+    assert '{ service: { account: "BINLAKE", subject: "$JS.API.>" } }' in admin  # the CLI's usual names
+
+
+def test_login_settings_of_a_role_and_of_the_admin() -> None:
+    assert permissions.login_env("sink") == {"BINLAKE_NATS_USER": "sink", "BINLAKE_NATS_INBOX": "_INBOX_sink",
+                                             "BINLAKE_NATS_API_PREFIX": "$JS.binlake.API"}
+    assert "BINLAKE_NATS_API_PREFIX" not in permissions.login_env("admin")
