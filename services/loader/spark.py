@@ -13,6 +13,9 @@ driver serves them and every executor fetches them. Python workers run this inte
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
 import glob
 import os
 import site
@@ -88,14 +91,22 @@ logger.gw.level = error
 """
 
 
+@functools.cache
 def quiet_log4j() -> str:
-    """A log4j2 file that keeps Spark's own WARN/INFO lines (and its banner) off the console."""
-    path = os.path.join(tempfile.gettempdir(), "binlake-spark-log4j2-v3.properties")
-    if not os.path.exists(path):
-        with open(path + ".tmp", "w") as out:
-            out.write(_LOG4J)
-        os.replace(path + ".tmp", path)
+    """A log4j2 file that keeps Spark's own WARN/INFO lines (and its banner) off the console.
+
+    This process's own: a new owner-only file with a name no one can guess (a file at a fixed
+    name in the shared temporary directory could be planted by another local user), removed at exit."""
+    fd, path = tempfile.mkstemp(prefix="binlake-log4j2-", suffix=".properties")
+    with os.fdopen(fd, "w") as out:
+        out.write(_LOG4J)
+    atexit.register(_remove, path)
     return path
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def session(app: str, master: str, catalog: CatalogConfig, extra: Mapping[str, str] | None = None) -> SparkSession:
