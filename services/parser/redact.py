@@ -47,15 +47,16 @@ class _Token(NamedTuple):
 
 # Table options whose text may carry a remote server's credentials: FEDERATED / CONNECT /
 # Spider `CONNECTION='mysql://user:secret@host/db/t'`, Spider's `COMMENT='... password "x"'`,
-# CONNECT's `OPTION_LIST='user=u,password=x'`.
+# CONNECT's `OPTION_LIST='user=u,password=x'` and `CONNECTION='DSN=d;UID=u;PWD=x'` (ODBC) or a JDBC URL.
 _LINK_OPTIONS = frozenset({"CONNECTION", "COMMENT", "OPTION_LIST"})
 _URL_SECRET = re.compile(r"(://[^:/@\s'\"]*:)([^@\s'\"]*)(@)")
-_NAMES_PASSWORD = re.compile(r"password", re.IGNORECASE)
+# `password=` (JDBC URLs, CONNECT's OPTION_LIST), `PWD=` (ODBC connection strings), `passwd`.
+_NAMES_PASSWORD = re.compile(r"password|passwd|\bpwd\b", re.IGNORECASE)
 _SPIDER_PASSWORD = re.compile(r"\bpassword\s+(?:\"|''|\\')", re.IGNORECASE)  # inside a literal
 
 # Every form a secret comes in names one of these words (IDENTIFIED ..., PASSWORD(...),
 # SET PASSWORD, *_PASSWORD, OPTIONS (PASSWORD ...), CONNECTION='scheme://user:secret@...').
-_MAY_HOLD_SECRET = re.compile(r"identified|password|connection", re.IGNORECASE)
+_MAY_HOLD_SECRET = re.compile(r"identified|password|connection|passwd|\bpwd\b", re.IGNORECASE)
 
 
 def redact(sql: str, sql_mode: int = 0) -> str:
