@@ -3,13 +3,19 @@
 The master and N workers (1 core, 1 GiB each) are launcher children, restarted when they
 die, started with `spark-class` from the pyspark installation on 127.0.0.1 and free ports.
 Their logs and work directories live under `<data>/spark`. The loader reaches the master
-through its `BINLAKE_MASTER` setting. On several machines, run Spark's own master and
-workers instead; the warehouse must then be shared storage every worker sees.
+through its `BINLAKE_MASTER` setting. Every connection to the master, the workers and the
+driver authenticates with a shared secret and is encrypted (`auth.properties`, owner-only, read
+by each JVM with `--properties-file`, so the secret is on no command line): whoever reaches the
+master without it runs nothing. The web UIs listen on 127.0.0.1 (SPARK_LOCAL_IP). On several
+machines, run Spark's own master and workers instead; the warehouse must then be shared storage
+every worker sees.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +36,7 @@ class SparkCluster:
     webui_port: int
     master: Child
     workers: list[Child]
+    auth: Path  # the shared secret's properties file
 
     @property
     def master_url(self) -> str:
@@ -45,7 +52,8 @@ class SparkCluster:
 
     def client_env(self) -> dict[str, str]:
         """What the loader needs to run its driver against this cluster."""
-        return {"BINLAKE_MASTER": self.master_url, "SPARK_LOCAL_IP": "127.0.0.1"}
+        return {"BINLAKE_MASTER": self.master_url, "SPARK_LOCAL_IP": "127.0.0.1",
+                "BINLAKE_SPARK_PROPERTIES": str(self.auth)}
 
     async def wait_ready(self, timeout: float = MASTER_START_TIMEOUT) -> None:
         """Until the master listens: a driver that finds no master gives up after a long retry."""
@@ -83,21 +91,36 @@ def spark_env(data: Path, env: Mapping[str, str]) -> dict[str, str]:
             "SPARK_DAEMON_JAVA_OPTS": options.strip()}
 
 
+def auth_properties(data: Path) -> Path:
+    """Spark's shared secret and RPC encryption, as a properties file only its owner reads (made once)."""
+    path = data / "auth.properties"
+    if not path.is_file():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(f"spark.authenticate true\nspark.authenticate.secret {secrets.token_hex(32)}\n"
+                      "spark.network.crypto.enabled true\n")
+    return path
+
+
 def spark_cluster(data: Path, workers: int, env: Mapping[str, str]) -> SparkCluster:
     """A master and `workers` workers under `data` (created), not started: run their children."""
     if workers < 1:
         raise ConfigError(f"--spark-workers must be >= 1 for a cluster, got {workers}")
     data = data.resolve()
     (data / "logs").mkdir(parents=True, exist_ok=True)
+    os.chmod(data, 0o700)
     env = spark_env(data, env)
+    auth = auth_properties(data)
     spark_class = str(spark_home() / "bin" / "spark-class")
     port, webui = free_port(), free_port()
     master = Child("spark-master", [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                    "--port", str(port), "--webui-port", str(webui)], env, color=2)
+                                    "--port", str(port), "--webui-port", str(webui), "--properties-file", str(auth)],
+                   env, color=2)
     url = f"spark://127.0.0.1:{port}"
     children = [Child(f"spark-worker-{i}", [spark_class, "org.apache.spark.deploy.worker.Worker", url,
                                             "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
-                                            "--webui-port", str(free_port()), "--work-dir", str(data / f"work-{i}")],
+                                            "--webui-port", str(free_port()), "--work-dir", str(data / f"work-{i}"),
+                                            "--properties-file", str(auth)],
                       env, color=2)
                 for i in range(1, workers + 1)]
-    return SparkCluster(port, webui, master, children)
+    return SparkCluster(port, webui, master, children, auth)

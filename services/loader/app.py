@@ -43,7 +43,8 @@ async def main(cfg: LoaderConfig) -> None:
         async def load() -> None:
             def start() -> None:  # appended in the thread: a cancelled term still leaves it to stop
                 if not spark:
-                    spark.append(session("binlake-loader", cfg.master, cfg.lake_catalog, cfg.spark_conf))
+                    spark.append(session("binlake-loader", cfg.master, cfg.lake_catalog, cfg.spark_conf,
+                                         properties=cfg.spark_properties))
 
             # Started once, while the lease is kept: starting takes longer than its TTL.
             await loop.run_in_executor(lake_thread, start)

@@ -32,6 +32,9 @@ class LoaderConfig(config.ServiceConfig):
     keep_snapshots_s: float = 7 * 86400.0  # time travel window (older snapshots expire)
     rename_wait_batches: int = 30  # reads ahead (of up to flush_s each) for the other half of a RENAME TABLE
     spark_conf: dict[str, str] = field(default_factory=dict)  # extra Spark settings
+    # A Spark properties file the driver reads (spark-submit's --properties-file): settings kept
+    # off command lines, e.g. a standalone cluster's spark.authenticate.secret.
+    spark_properties: str = ""
     lease_ttl_s: float = 15.0
     metrics_port: int = 9105
     restart_window_s: float = 300.0

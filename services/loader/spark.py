@@ -18,6 +18,7 @@ import contextlib
 import functools
 import glob
 import os
+import shlex
 import site
 import sys
 import tempfile
@@ -109,8 +110,15 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def session(app: str, master: str, catalog: CatalogConfig, extra: Mapping[str, str] | None = None) -> SparkSession:
+def session(app: str, master: str, catalog: CatalogConfig, extra: Mapping[str, str] | None = None, *,
+            properties: str = "") -> SparkSession:
+    """`properties`: a Spark properties file the driver JVM reads (a secret stays off its command line)."""
     extra = dict(extra or {})
+    if properties:
+        if not os.path.isfile(properties):
+            raise ConfigError(f"BINLAKE_SPARK_PROPERTIES={properties!r} is not a readable file")
+        # Read by spark-submit, which pyspark starts the driver JVM with; `--conf` would show in ps.
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(properties)} pyspark-shell"
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else a WARN about the host name on every start
     # Executors start Python workers with the driver's PYSPARK_PYTHON (default: `python3` on

@@ -15,6 +15,9 @@ import json
 import os
 import random
 import signal
+import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -110,3 +113,25 @@ def test_loader_on_a_standalone_cluster_survives_lost_workers(stack: Stack, clus
         assert worker.starts >= 2, f"worker {i} was not restarted"
         assert list((tmp_path / "spark" / f"work-{i}").glob("app-*")), f"no executor ran on worker {i}"
     wait_until(lambda: alive_workers(cluster) == 2, 60, "both workers back")
+
+
+@pytest.mark.timeout(300)
+def test_a_driver_without_the_clusters_secret_runs_nothing(cluster: SparkCluster, tmp_path: Path) -> None:
+    """Whoever reaches the master without `auth.properties` gets no executor to run code on."""
+    script = ("from pyspark.sql import SparkSession\n"
+              f"s = SparkSession.builder.appName('intruder').master('{cluster.master_url}').getOrCreate()\n"
+              "print('COUNTED', s.range(10).count(), flush=True)\n")
+    env = {**clean_env(), "SPARK_LOCAL_IP": "127.0.0.1"}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+    assert "COUNTED" not in out, out[-3000:]
+    status, body = http_get(f"{cluster.webui_url}/json/")
+    assert status == 200
+    apps = json.loads(body)
+    assert not [a for a in apps.get("activeapps", []) + apps.get("completedapps", []) if a.get("name") == "intruder"]
+    assert stat.S_IMODE(os.stat(cluster.auth).st_mode) == 0o600

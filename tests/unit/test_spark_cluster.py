@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,24 @@ def test_a_plain_warehouse_path_is_made_absolute_for_the_executors(tmp_path: Pat
     assert LoaderConfig(data_dir="d").root == str(tmp_path / "d" / "lake")
     assert LoaderConfig(warehouse="hdfs://nn:8020/lake").root == "hdfs://nn:8020/lake"
     assert LoaderConfig(warehouse="file:/x/lake").root == "file:/x/lake"
+
+
+def test_the_cluster_and_its_driver_share_a_secret_kept_off_command_lines(tmp_path: Path) -> None:
+    c = spark_cluster(tmp_path / "spark", 1, {"PATH": "/bin"})
+    assert stat.S_IMODE(c.auth.stat().st_mode) == 0o600 and stat.S_IMODE((tmp_path / "spark").stat().st_mode) == 0o700
+    text = c.auth.read_text()
+    assert "spark.authenticate true" in text and "spark.network.crypto.enabled true" in text
+    secret = text.split("spark.authenticate.secret ")[1].split()[0]
+    assert len(secret) == 64
+    for child in c.children:
+        assert child.command[child.command.index("--properties-file") + 1] == str(c.auth)
+        assert secret not in " ".join(child.command) and secret not in " ".join(child.env.values())
+    assert c.client_env()["BINLAKE_SPARK_PROPERTIES"] == str(c.auth)
+    assert spark_cluster(tmp_path / "spark", 1, {}).auth.read_text() == text  # made once, kept
+
+
+def test_a_driver_properties_file_that_is_missing_is_refused(tmp_path: Path) -> None:
+    from services.loader.spark import CatalogConfig, session
+
+    with pytest.raises(ConfigError, match="BINLAKE_SPARK_PROPERTIES"):
+        session("t", "spark://127.0.0.1:1", CatalogConfig(warehouse=str(tmp_path)), properties=str(tmp_path / "no"))
