@@ -121,9 +121,9 @@ RESPONSE_WINDOW = "10m"
 def owner(names: Names, subject: str) -> str:
     """The account that answers `subject`: meta's and the store's requests, else the streams'."""
     if subject.startswith(f"{names.prefix}.meta."):
-        return "META"
+        return account("meta")
     if subject.startswith(f"{names.prefix}.store."):
-        return "STORE"
+        return account("store")
     return DATA
 
 
@@ -233,8 +233,8 @@ def server_config(names: Names, passwords: Mapping[str, str], clients: Mapping[s
                 for client, pw in (clients or {}).items()]
     # Meta and the store serve all their subjects (a client added later imports its own); the
     # streams' account exports only what some account imports.
-    exports: dict[str, list[str]] = {DATA: [], "META": [f"{names.prefix}.meta.>"],
-                                     "STORE": [f"{names.prefix}.store.>"]}
+    exports: dict[str, list[str]] = {DATA: [], account("meta"): [f"{names.prefix}.meta.>"],
+                                     account("store"): [f"{names.prefix}.store.>"]}
     for _, _, _, grant in members:
         exports[DATA] += [subject for acc, subject, _ in grant.imports(names) if acc == DATA]
     delivers = [subject for *_, grant in members for subject in grant.hears]

@@ -40,8 +40,8 @@ pytestmark = [
 ]
 
 PARTITIONS = 16  # the services' default BINLAKE_PARTITIONS
-PASSWORD_VARIABLES = ("MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", *(f"BINLAKE_{role.upper()}_PASSWORD"
-                                                                          for role in permissions.ROLES))
+PASSWORD_VARIABLES = ("MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", "BINLAKE_ROUTE_PASSWORD",
+                      *(f"BINLAKE_{role.upper()}_PASSWORD" for role in permissions.ROLES))  # deploy/make-env.sh's
 
 
 @pytest.fixture(scope="module")
