@@ -50,13 +50,15 @@ class _Token(NamedTuple):
 # CONNECT's `OPTION_LIST='user=u,password=x'` and `CONNECTION='DSN=d;UID=u;PWD=x'` (ODBC) or a JDBC URL.
 _LINK_OPTIONS = frozenset({"CONNECTION", "COMMENT", "OPTION_LIST"})
 _URL_SECRET = re.compile(r"(://[^:/@\s'\"]*:)([^@\s'\"]*)(@)")
-# `password=` (JDBC URLs, CONNECT's OPTION_LIST), `PWD=` (ODBC connection strings), `passwd`.
-_NAMES_PASSWORD = re.compile(r"password|passwd|\bpwd\b", re.IGNORECASE)
+_NAMES_PASSWORD = re.compile(r"password", re.IGNORECASE)
+# A connection string: `password=` (JDBC, CONNECT's OPTION_LIST), `PWD=`, `Pass=`, `Db_Pwd=`
+# (ODBC), `passwd`, and Oracle's `user/secret@host`.
+_LINK_PASSWORD = re.compile(r"pass|pwd|[^\s/:@'\"]/[^\s/@'\"]+@", re.IGNORECASE)
 _SPIDER_PASSWORD = re.compile(r"\bpassword\s+(?:\"|''|\\')", re.IGNORECASE)  # inside a literal
 
 # Every form a secret comes in names one of these words (IDENTIFIED ..., PASSWORD(...),
 # SET PASSWORD, *_PASSWORD, OPTIONS (PASSWORD ...), CONNECTION='scheme://user:secret@...').
-_MAY_HOLD_SECRET = re.compile(r"identified|password|connection|passwd|\bpwd\b", re.IGNORECASE)
+_MAY_HOLD_SECRET = re.compile(r"identified|pass|connection|pwd", re.IGNORECASE)
 
 
 def redact(sql: str, sql_mode: int = 0) -> str:
@@ -158,7 +160,8 @@ def _link_secrets(tokens: list[_Token]) -> list[tuple[_Token, str]]:
         if named is None or named.text not in _LINK_OPTIONS:
             continue
         text = _URL_SECRET.sub(r"\1***\3", tok.text) if named.text == "CONNECTION" else tok.text
-        if (_SPIDER_PASSWORD if depth > 0 else _NAMES_PASSWORD).search(text):
+        names = _NAMES_PASSWORD if named.text == "COMMENT" else _LINK_PASSWORD
+        if (_SPIDER_PASSWORD if depth > 0 else names).search(text):
             out.append((tok, MASK))
         elif text != tok.text:
             out.append((tok, text))

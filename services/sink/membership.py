@@ -120,7 +120,10 @@ class MemberWatch:
                                                   dict(msg.headers or {}), msg.data or b""))
 
     async def next(self, timeout: float) -> Update | None:
-        """The next update, or None when none came within `timeout` seconds."""
+        """The next update, or None when none came within `timeout` seconds; the watch's own
+        failure, raised here, where the actor sees it (a watch that ended must not look quiet)."""
+        if self._task is not None and self._task.done() and not self._task.cancelled():
+            self._task.result()
         try:
             update = await asyncio.wait_for(self._updates.get(), timeout)
         except TimeoutError:

@@ -159,8 +159,12 @@ def test_auth_is_on_and_each_service_has_its_own_user(file: str) -> None:
         assert ("BINLAKE_SOURCE_URL" in env) == (name in ("parser", "loader")), name
     for name, svc in services.items():
         if name.startswith("nats") and name != "nats-box":
-            assert svc["command"][:2] in (["-c", "/etc/nats/permissions.conf"], ["-c", "/etc/nats/cluster.conf"])
+            conf = svc["command"][1]
+            assert svc["command"][0] == "-c" and conf in ("/etc/nats/server.conf", "/etc/nats/cluster.conf")
             assert "./nats/permissions.conf:/etc/nats/permissions.conf:ro" in svc["volumes"]
+            # Monitoring (its /jsz names every consumer) on the container's loopback only.
+            assert "-m" not in svc["command"]
+            assert 'http: "127.0.0.1:8222"' in (DEPLOY / conf.replace("/etc/", "")).read_text()
     # No password has a default: without deploy/.env compose stops and names the script.
     for var in ("MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", "BINLAKE_ADMIN_PASSWORD"):
         assert f"${{{var}:?run deploy/make-env.sh first" in raw
