@@ -26,7 +26,6 @@ from bench.common import arguments, proc_cpu, run_in_workdir
 from services.launcher import login
 from services.launcher.servers import NatsServer, start_nats
 from services.ops import init
-from shared import permissions
 from shared.async_publisher import AsyncPublisher
 from shared.config import NatsSettings
 from shared.jetstream import connect
@@ -45,11 +44,7 @@ class Figures:
 
 
 def _login(data: Path | None, role: str) -> NatsSettings:
-    if data is None:
-        return NatsSettings()
-    api = permissions.login_env(role).get("BINLAKE_NATS_API_PREFIX", permissions.JS_API)
-    return NatsSettings(nats_user=role, nats_password=login.password(data, role), nats_inbox=permissions.inbox(role),
-                        nats_api_prefix=api)
+    return NatsSettings() if data is None else login.settings(data, role)
 
 
 async def _measure(server: NatsServer, data: Path | None, messages: int, size: int) -> Figures:

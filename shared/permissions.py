@@ -136,10 +136,15 @@ def _quoted(subject: str) -> str:
     return '"' + subject.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def api_prefix(user: str) -> str:
+    """The JetStream API's subjects in `user`'s account: the usual names for the admin only."""
+    return JS_API if user == "admin" else ROLE_API
+
+
 def login_env(user: str) -> dict[str, str]:
     """The BINLAKE_NATS_* settings (but the password) a role or a store client logs in with."""
     env = {"BINLAKE_NATS_USER": user, "BINLAKE_NATS_INBOX": inbox(user)}
-    return env if user == "admin" else {**env, "BINLAKE_NATS_API_PREFIX": ROLE_API}  # admin: the usual names
+    return env if user == "admin" else {**env, "BINLAKE_NATS_API_PREFIX": api_prefix(user)}
 
 
 def account(role: str) -> str:

@@ -56,9 +56,15 @@ def server_config(data: Path, names: Names) -> Path:
     return path
 
 
+def settings(data: Path, role: str) -> NatsSettings:
+    """A role's login."""
+    return NatsSettings(nats_user=role, nats_password=password(data, role), nats_inbox=permissions.inbox(role),
+                        nats_api_prefix=permissions.api_prefix(role))
+
+
 def admin(data: Path) -> NatsSettings:
     """The admin's login (`binlake init`, the operator's commands)."""
-    return NatsSettings(nats_user=ADMIN, nats_password=password(data, ADMIN), nats_inbox=permissions.inbox(ADMIN))
+    return settings(data, ADMIN)
 
 
 def client_env(data: Path, role: str) -> dict[str, str]:

@@ -45,6 +45,10 @@ MARK = b"allowed write|"
 """The body of every write a user makes: only its own grant let it through."""
 
 
+def _grant(user: str) -> permissions.Grant:
+    return permissions.client_grant(NAMES, user) if user == "app1" else permissions.grants(NAMES)[user]
+
+
 def _client_block() -> str:
     """app1's account, as `server_config` writes it (the block a deployment adds per client)."""
     text = permissions.server_config(NAMES, {}, {"app1": '"app1-pw"'}, roles=False)
@@ -74,7 +78,7 @@ def _one_account_conf() -> tuple[str, dict[str, str]]:
     """The design the accounts replace: every user in one account, confined by publish permissions."""
     users = []
     for user in USERS:
-        grant = permissions.client_grant(NAMES, user) if user == "app1" else permissions.grants(NAMES)[user]
+        grant = _grant(user)
         allow = ", ".join(json.dumps(s) for s in dict.fromkeys(grant.publish))
         sub = ", ".join(json.dumps(s) for s in grant.subscribe)
         users.append(f'{{user: "{user}", password: "{user}-pw", permissions: {{publish: {{allow: [{allow}]}}, '
@@ -90,8 +94,7 @@ class Bus:
     accounts: bool
 
     def login(self, user: str) -> NatsSettings:
-        api = permissions.login_env(user).get("BINLAKE_NATS_API_PREFIX", permissions.JS_API) if self.accounts \
-            else permissions.JS_API
+        api = permissions.api_prefix(user) if self.accounts else permissions.JS_API
         return NatsSettings(nats_user=user, nats_password=self.passwords[user], nats_inbox=permissions.inbox(user),
                             nats_api_prefix=api)
 
@@ -180,7 +183,7 @@ def _body(subject: str) -> bytes:
 async def _sweep(bus: Bus, user: str, targets: list[str]) -> int:
     """Send every subject of `user`'s grant with every target as the reply, and create push consumers
     delivering to every target; the number of (user, subject, reply) tries."""
-    grant = permissions.client_grant(NAMES, user) if user == "app1" else permissions.grants(NAMES)[user]
+    grant = _grant(user)
     local = grant.local if bus.accounts else (lambda s: s)
     # What it may do itself anyway (a parser may purge its own objects bucket) is no escalation.
     targets = [t for t in targets if not any(subject_matches(local(p), t) for p in grant.publish)]
@@ -266,8 +269,7 @@ async def test_no_user_acts_outside_its_role_whatever_reply_it_names(bus: Bus, t
         print(f"(user, subject, reply) tries: {sum(tries.values())} {tries}")
 
         after = await _contents(js, await _stream_names(js))
-        grants = {u: permissions.client_grant(NAMES, u) if u == "app1" else permissions.grants(NAMES)[u]
-                  for u in USERS}
+        grants = {u: _grant(u) for u in USERS}
         problems = []
         for stream in streams:
             if stream not in after:
