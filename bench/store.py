@@ -125,7 +125,7 @@ def service(module: str, url: str, log: Path) -> subprocess.Popen[bytes]:
 async def measure(url: str, args: argparse.Namespace, logs: Path) -> int:
     nc = await nats.connect(url)
     js = nc.jetstream(publish_async_max_pending=4000)
-    await ensure_stream(js, cdc_stream_config(Names(), max_age_s=0))
+    await ensure_stream(js, cdc_stream_config(Names(), limits=(0.0, -1)))
     t = time.perf_counter()
     messages, rows = await prefill(js, args.changes)
     print(f"workload             : {rows} rows in {messages} messages over {len(TABLES)} tables "

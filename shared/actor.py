@@ -49,11 +49,16 @@ def raise_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
+WAIT_MAX_S = 5.0
+"""The longest pause between tries at a condition that `waits`: its end is soon noticed."""
+
+
 async def supervise_call(
     run: Callable[[], Awaitable[None]], policy: RestartPolicy, log: Any
 ) -> None:
     """Run `run` (an actor's loop), restarting it on retriable errors within the policy's budget."""
     failures: list[float] = []
+    waits = 0
     while True:
         try:
             try:
@@ -62,6 +67,14 @@ async def supervise_call(
             except TRANSIENT as exc:  # a NATS call no one wrapped: the bus is away, not the actor broken
                 raise NatsUnavailable(f"NATS: {exc!r}") from exc
         except BinlakeError as exc:
+            if exc.retriable and exc.waits:
+                waits += 1
+                delay = min(policy.delay(waits), WAIT_MAX_S)
+                log.error("actor.waiting", attempt=waits, delay_s=round(delay, 2), error=type(exc).__name__,
+                          reason=str(exc))
+                await asyncio.sleep(delay)
+                continue
+            waits = 0
             now = time.monotonic()
             failures = [t for t in failures if now - t < policy.window_s] + [now]
             if not exc.retriable or len(failures) > policy.max_restarts:

@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 
 from shared.actor import RestartPolicy
 from shared.errors import ConfigError
-from shared.subjects import DEFAULT_PARTITIONS, INBOX_PREFIX
+from shared.jetstream import CDC_LIMITS, DLQ_LIMITS, RAW_LIMITS, Limits
+from shared.subjects import DEFAULT_PARTITIONS, INBOX_PREFIX, STREAMS
 
 C = TypeVar("C")
 _TRUE = {"1", "true", "yes", "on"}
@@ -210,9 +211,26 @@ class ServiceConfig(NatsSettings):
     restart_window_s: float = 120.0
     restart_base_delay_s: float = 0.5
     log_level: str = "info"
+    # What BINLAKE_RAW, BINLAKE_CDC and BINLAKE_DLQ keep: age in seconds (0 = no limit) and bytes
+    # (-1 = no limit); the oldest messages go first. Applied by `binlake init`; a service that
+    # creates a stream creates it with them. A message removed before the sink or a reader got
+    # to it is reported as a gap, never skipped in silence.
+    raw_max_age_s: float = RAW_LIMITS[0]
+    raw_max_bytes: int = RAW_LIMITS[1]
+    cdc_max_age_s: float = CDC_LIMITS[0]
+    cdc_max_bytes: int = CDC_LIMITS[1]
+    dlq_max_age_s: float = DLQ_LIMITS[0]
+    dlq_max_bytes: int = DLQ_LIMITS[1]
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for stream in STREAMS:
+            age, size = self.stream_limits(stream)
+            if age < 0:
+                raise ConfigError(f"BINLAKE_{stream.upper()}_MAX_AGE_S must be 0 (no limit) or more, got {age}")
+            if size != -1 and size < 1:
+                raise ConfigError(f"BINLAKE_{stream.upper()}_MAX_BYTES must be -1 (no limit) or more than 0, "
+                                  f"got {size}")
         if not SOURCE_NAME.fullmatch(self.source):
             raise ConfigError(f"BINLAKE_SOURCE must be letters, digits, '_' or '-', got {self.source!r}")
         if not SOURCE_NAME.fullmatch(self.prefix):
@@ -220,6 +238,15 @@ class ServiceConfig(NatsSettings):
         if not 1 <= self.partitions <= 1024:
             raise ConfigError(f"BINLAKE_PARTITIONS must be 1..1024, got {self.partitions}")
         check_replicas(self.replicas)
+
+    def stream_limits(self, stream: str) -> Limits:
+        """(max age in seconds, max bytes) of the stream `raw`, `cdc` or `dlq`."""
+        return float(getattr(self, f"{stream}_max_age_s")), int(getattr(self, f"{stream}_max_bytes"))
+
+    @property
+    def limits(self) -> dict[str, Limits]:
+        """Every stream's limits, for `jetstream.ensure_streams`."""
+        return {stream: self.stream_limits(stream) for stream in STREAMS}
 
     @property
     def restart(self) -> RestartPolicy:

@@ -6,6 +6,7 @@ BinlakeError                      retriable = False
 │   ├── SourceUnavailable         MySQL/MariaDB cannot be reached (yet)
 │   ├── NatsUnavailable           NATS cannot be reached or timed out
 │   └── PublishFailed             JetStream refused or lost a publish; resume from the stream tail
+│       └── StoreFull             JetStream has no room left; waits (no restart budget) until it has
 └── FatalError                    needs a person: the message says what to change
     ├── ConfigError               bad or missing configuration
     ├── SourceMisconfigured       server settings binlake cannot work with
@@ -24,9 +25,12 @@ from __future__ import annotations
 
 
 class BinlakeError(Exception):
-    """Base class; `retriable` says whether a supervisor may restart the actor."""
+    """Base class; `retriable` says whether a supervisor may restart the actor, `waits` that it
+    restarts it for as long as it takes (the cause is outside binlake, and nothing is lost while
+    it waits), without using up its restart budget."""
 
     retriable = False
+    waits = False
 
 
 class TransientError(BinlakeError):
@@ -45,6 +49,13 @@ class NatsUnavailable(TransientError):
 
 class PublishFailed(TransientError):
     """JetStream refused or lost a publish; the parser resumes from the stream tail."""
+
+
+class StoreFull(PublishFailed):
+    """JetStream has no room for another message (its storage limit, or the disk); the publisher
+    resumes from the stream tail once there is room."""
+
+    waits = True
 
 
 class SparkUnavailable(TransientError):

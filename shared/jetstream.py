@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import ssl
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import nats
@@ -29,10 +29,10 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
-from shared.errors import ConfigError, NatsUnavailable, StreamMismatch
+from shared.errors import ConfigError, NatsUnavailable, StoreFull, StreamMismatch
 from shared.logging import redact
 from shared.nats_client import Client
-from shared.subjects import Names, kv_stream, kv_subject
+from shared.subjects import STREAMS, Names, kv_stream, kv_subject
 
 if TYPE_CHECKING:  # shared.config needs shared.actor, which needs this module
     from shared.config import NatsSettings
@@ -151,6 +151,22 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
 
 
+NO_ROOM = frozenset({10023, 10047, 10002})
+"""JetStream's "insufficient resources", "insufficient storage resources available", "resource
+limits exceeded for account": the server's or the account's storage limit is reached."""
+
+
+def store_full(exc: BaseException, stream: str, what: str) -> StoreFull | None:
+    """The StoreFull to raise when JetStream refused `what` for want of room, else None."""
+    if not (isinstance(exc, nats.js.errors.APIError) and exc.err_code in NO_ROOM):
+        return None
+    return StoreFull(
+        f"JetStream has no room for {what} in {stream} ({exc.description}): free disk space on the NATS "
+        "servers, raise JetStream's storage limit (`jetstream { max_file_store }`; `binlake up`: "
+        "BINLAKE_NATS_MAX_STORE), or keep less (BINLAKE_RAW_/_CDC_/_DLQ_MAX_AGE_S and _MAX_BYTES, "
+        "applied by `binlake init`); binlake goes on by itself once there is room, and nothing is lost")
+
+
 @contextlib.contextmanager
 def nats_errors(what: str) -> Iterator[None]:
     """Translate timeouts and lost connections into retriable NatsUnavailable."""
@@ -160,43 +176,51 @@ def nats_errors(what: str) -> Iterator[None]:
         raise NatsUnavailable(f"{what}: {exc!r}") from exc
 
 
+Limits = tuple[float, int]
+"""A stream's (max age in seconds, 0 = none; max bytes, -1 = none): `ServiceConfig.stream_limits`."""
+RAW_LIMITS: Limits = (7 * 86400.0, -1)
+CDC_LIMITS: Limits = (7 * 86400.0, -1)
+DLQ_LIMITS: Limits = (0.0, -1)  # dead letters wait for a person
+
+
 def raw_stream_config(names: Names, partitions: int, *, replicas: int = 1, duplicate_window_s: float = 300.0,
-                      max_age_s: float = 7 * 86400.0, max_bytes: int = -1) -> StreamConfig:
+                      limits: Limits = RAW_LIMITS) -> StreamConfig:
     src, dest = names.raw_transform(partitions)
     return StreamConfig(
         name=names.raw_stream, subjects=[names.raw_all], storage=StorageType.FILE,
-        duplicate_window=duplicate_window_s, max_age=max_age_s, max_bytes=max_bytes,
+        duplicate_window=duplicate_window_s, max_age=limits[0], max_bytes=limits[1],
         discard=DiscardPolicy.OLD, subject_transform=SubjectTransform(src=src, dest=dest), num_replicas=replicas,
         allow_direct=True, description="binlake: raw binlog changes, partitioned per table",
     )
 
 
-def cdc_stream_config(names: Names, *, replicas: int = 1, duplicate_window_s: float = 300.0, max_age_s: float = 0.0,
-                      max_bytes: int = -1) -> StreamConfig:
-    """BINLAKE_CDC: the durable, per-table-ordered stream clients read (retention owned by store)."""
+def cdc_stream_config(names: Names, *, replicas: int = 1, duplicate_window_s: float = 300.0,
+                      limits: Limits = CDC_LIMITS) -> StreamConfig:
+    """BINLAKE_CDC: the durable, per-table-ordered stream clients read."""
     return StreamConfig(
         name=names.cdc_stream, subjects=[names.cdc_all], storage=StorageType.FILE,
-        duplicate_window=duplicate_window_s, max_age=max_age_s, max_bytes=max_bytes,
+        duplicate_window=duplicate_window_s, max_age=limits[0], max_bytes=limits[1],
         discard=DiscardPolicy.OLD, allow_direct=True, num_replicas=replicas,
         description="binlake: routed change events per table",
         allow_atomic=True,  # the sink's fenced batches; a server before 2.12 drops the field
     )
 
 
-def dlq_stream_config(names: Names, *, replicas: int = 1) -> StreamConfig:
+def dlq_stream_config(names: Names, *, replicas: int = 1, limits: Limits = DLQ_LIMITS) -> StreamConfig:
     """BINLAKE_DLQ: events a service could not process, with the reason in a header."""
     return StreamConfig(
-        name=names.dlq_stream, subjects=[names.dlq_all], storage=StorageType.FILE,
-        duplicate_window=300.0, discard=DiscardPolicy.OLD, num_replicas=replicas, description="binlake: dead letters",
+        name=names.dlq_stream, subjects=[names.dlq_all], storage=StorageType.FILE, max_age=limits[0],
+        max_bytes=limits[1], duplicate_window=300.0, discard=DiscardPolicy.OLD, num_replicas=replicas,
+        description="binlake: dead letters",
     )
 
 
 async def ensure_stream(js: JetStreamContext, config: StreamConfig, *, repair: bool = False) -> StreamInfo:
     """Create the stream, or check that the existing one is compatible (same subject transform).
 
-    `repair` (the admin's `binlake init`): also give a stream an older binlake created what this
-    one needs (atomic batches). A service only says what is missing: with a NATS user per service
-    it may not change streams (`shared.permissions`).
+    `repair` (the admin's `binlake init`): also give an existing stream the configured limits
+    (age, bytes) and what this binlake needs (atomic batches). A service only says what differs:
+    with a NATS user per service it may not change streams (`shared.permissions`).
     """
     assert config.name is not None
     with nats_errors(f"stream {config.name}"):
@@ -218,15 +242,26 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig, *, repair: b
             f"this configuration needs {want.dest if want else None!r}; partitions are fixed at creation, "
             "set the partition count back or recreate the stream"
         )
+    changes: dict[str, Any] = {}
     if config.allow_atomic and not info.config.allow_atomic:  # created by an older binlake
-        if not repair:
-            log.warning("stream.without_atomic_batches", stream=config.name,
-                        fix="run `binlake init` as NATS admin (nats-server >= 2.12): the sink then writes "
-                            "whole fetches as one batch instead of one ack per message")
-            return info
-        with nats_errors(f"stream {config.name}"):
-            info = await js.update_stream(dataclasses.replace(info.config, allow_atomic=True))
-    return info
+        changes["allow_atomic"] = True
+    if (limits_of(info.config)) != limits_of(config):
+        changes.update(max_age=config.max_age, max_bytes=config.max_bytes)
+    if not changes:
+        return info
+    if not repair:
+        log.warning("stream.differs", stream=config.name, wanted=changes,
+                    fix="run `binlake init` as NATS admin with the same settings (nats-server >= 2.12 for atomic "
+                        "batches) to apply them")
+        return info
+    log.info("stream.update", stream=config.name, **changes)
+    with nats_errors(f"stream {config.name}"):
+        return await js.update_stream(dataclasses.replace(info.config, **changes))
+
+
+def limits_of(config: StreamConfig) -> Limits:
+    """A stream's (max age, max bytes), as the server reports them (None for none)."""
+    return float(config.max_age or 0), int(config.max_bytes if config.max_bytes is not None else -1)
 
 
 async def allows_atomic(js: JetStreamContext, stream: str) -> bool:
@@ -237,17 +272,21 @@ async def allows_atomic(js: JetStreamContext, stream: str) -> bool:
 
 
 async def ensure_streams(js: JetStreamContext, names: Names, partitions: int, replicas: int = 1, *,
-                         streams: tuple[str, ...] = ("raw", "cdc", "dlq"), repair: bool = False) -> None:
+                         streams: tuple[str, ...] = STREAMS, limits: Mapping[str, Limits] | None = None,
+                         repair: bool = False) -> None:
     """BINLAKE_RAW (with `partitions`), BINLAKE_CDC and BINLAKE_DLQ, or those of them in `streams`
-    (the ones a service uses), created when missing. With a NATS user per service only the admin
-    may create them (`binlake init`, `shared.permissions`); then this only checks them.
+    (the ones a service uses), created when missing, with `limits[stream]` (else the defaults).
+    With a NATS user per service only the admin may create them (`binlake init`,
+    `shared.permissions`); then this only checks them.
 
     `replicas` applies when a stream is created; an existing stream keeps its own (change it
     with `nats stream edit --replicas`).
     """
-    configs = {"raw": lambda: raw_stream_config(names, partitions, replicas=replicas),
-               "cdc": lambda: cdc_stream_config(names, replicas=replicas),
-               "dlq": lambda: dlq_stream_config(names, replicas=replicas)}
+    limits = limits or {}
+    configs = {"raw": lambda: raw_stream_config(names, partitions, replicas=replicas,
+                                                limits=limits.get("raw", RAW_LIMITS)),
+               "cdc": lambda: cdc_stream_config(names, replicas=replicas, limits=limits.get("cdc", CDC_LIMITS)),
+               "dlq": lambda: dlq_stream_config(names, replicas=replicas, limits=limits.get("dlq", DLQ_LIMITS))}
     for stream in streams:
         await ensure_stream(js, configs[stream](), repair=repair)
 

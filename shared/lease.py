@@ -44,18 +44,21 @@ class Lease:
         waiting = False
         while True:
             try:
-                self._revision = await self._kv.create(self.key, self.owner.encode())
-                self._renewed = time.monotonic()
-                self.log.info("lease.acquired", owner=self.owner)
-                return
-            except nats.js.errors.KeyWrongLastSequenceError:
+                try:
+                    self._revision = await self._kv.create(self.key, self.owner.encode())
+                    self._renewed = time.monotonic()
+                    self.log.info("lease.acquired", owner=self.owner)
+                    return
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    pass
+                # Someone holds it: ourselves before a restart, or a live instance.
                 if await self._reclaim():
                     return
                 if not waiting:
                     holder = await self._holder()
                     self.log.info("lease.standby", holder=holder, owner=self.owner)
                     waiting = True
-            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:  # a full store, an election
                 self.log.warning("lease.retry", error=repr(exc))
             await asyncio.sleep(min(1.0, self._ttl / 4))
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from shared import bus
 from shared.objects import object_stream
 from shared.subjects import Names, escape_token, kv_stream
 
@@ -162,46 +163,52 @@ def _service(user: str) -> Grant:
 
 
 def grants(names: Names) -> dict[str, Grant]:
-    """Each role's grant for a deployment's prefix."""
-    raw, cdc, dlq, p = names.raw_stream, names.cdc_stream, names.dlq_stream, names.prefix
-    cursors, leases, members, schema = (names.cursors_bucket, names.leases_bucket, names.members_bucket,
-                                        names.schema_bucket)
-    parser = _service("parser").read(raw).bucket(leases, ["parser.>"]).bucket(cursors, ["parser.>", "snapshot.>"])
-    parser.objects(names.raw_objects_bucket, write=True)
-    parser.publish += [names.raw_all, names.meta_rpc("schema.add")]
-    sink = _service("sink").read(raw).read(cdc).bucket(members, ["sink.>"]).bucket(cursors, ["sink.>"])
-    sink.objects(names.raw_objects_bucket).objects(names.cdc_objects_bucket, write=True)
-    sink.publish += [names.cdc_all, names.dlq_all, f"$JS.API.STREAM.INFO.{dlq}"]
-    store = _service("store").read(cdc)
-    store.publish += [names.meta_rpc(verb) for verb in ("cursor.get", "cursor.put", "cursor.delete", "rewind")]
-    store.publish.append(f"$JS.API.STREAM.INFO.{object_stream(names.cdc_objects_bucket)}")  # checks its TTL
-    store.subscribe += [f"{p}.store.>"]
-    store.responses = True
-    meta = _service("meta").read(cdc).bucket(cursors, [">"]).bucket(schema, [">"])
-    meta.subscribe += [f"{p}.meta.>"]
-    meta.responses = True
-    # It asks for a table to be read again (a snapshot request); it reads no cursor: snapshot
-    # progress holds primary-key values.
-    loader = (client_grant(names, "loader", user="loader").bucket(leases, ["loader.>"])
-              .bucket(cursors, ["snapshot.*.request.>"], read=False))
-    loader.publish += ["$JS.API.INFO"]
+    """Each role's grant for a deployment's prefix: its streams and buckets as `shared.bus` says, and its requests."""
+    p = names.prefix
+    roles = {role: _grant_bus(names, role, _service(role)) for role in ("parser", "sink", "store", "meta")}
+    roles["loader"] = _grant_bus(names, "loader", client_grant(names, "loader", user="loader"))
+    roles["loader"].publish.append("$JS.API.INFO")
+    roles["parser"].publish.append(names.meta_rpc("schema.add"))
+    roles["store"].publish += [names.meta_rpc(verb) for verb in ("cursor.get", "cursor.put", "cursor.delete", "rewind")]
+    roles["store"].subscribe.append(f"{p}.store.>")
+    roles["meta"].subscribe.append(f"{p}.meta.>")
+    roles["store"].responses = roles["meta"].responses = True
     # The operator: every stream and bucket under the API's usual name (the `nats` CLI), meta
     # and the store; its account listens on nothing the others can make JetStream publish to.
     # Push consumers (the `nats` CLI's `kv ls`, `kv watch`) deliver in the streams' account: into
     # the admin's inboxes only, whose names no one else can guess.
-    admin = Grant(publish=[f"{JS_API}.>", "$KV.>", "$O.>", "$JS.ACK.>", "$JS.FC.>", names.raw_all, names.cdc_all,
-                           names.dlq_all, f"{p}.meta.>", f"{p}.store.>"],
-                  subscribe=[">"], responses=True, api=JS_API, hears=["_INBOX.>", f"{inbox('admin')}.>"])
-    return {"parser": parser, "sink": sink, "store": store, "meta": meta, "loader": loader, "admin": admin}
+    roles["admin"] = Grant(publish=[f"{JS_API}.>", "$KV.>", "$O.>", "$JS.ACK.>", "$JS.FC.>",
+                                    *(s.subjects(names) for s in bus.STREAMS), f"{p}.meta.>", f"{p}.store.>"],
+                           subscribe=[">"], responses=True, api=JS_API, hears=["_INBOX.>", f"{inbox('admin')}.>"])
+    return roles
+
+
+def _grant_bus(names: Names, role: str, grant: Grant) -> Grant:
+    """Add to `grant` what `shared.bus` lets `role` do with each stream and bucket."""
+    for stream in bus.STREAMS:
+        if role in stream.reads:
+            grant.read(stream.name(names))
+        if role in stream.writes:
+            grant.publish.append(stream.subjects(names))
+        if role in stream.finds:
+            grant.publish.append(f"{JS_API}.STREAM.INFO.{stream.name(names)}")
+    for kv in bus.BUCKETS:
+        if role in (*kv.reads, *kv.writes, *kv.finds):
+            grant.bucket(kv.name(names), kv.writes.get(role, ()), read=role in kv.reads)
+    for obj in bus.OBJECT_BUCKETS:
+        if role in (*obj.reads, *obj.writes):
+            grant.objects(obj.name(names), write=role in obj.writes)
+        if role in obj.finds:
+            grant.publish.append(f"{JS_API}.STREAM.INFO.{object_stream(obj.name(names))}")
+    return grant
 
 
 def client_grant(names: Names, client: str, *, user: str | None = None, source: str = "*") -> Grant:
-    """A batch-protocol client's user: its own store subjects (any source unless `source`) and inbox."""
+    """A batch-protocol client's user: its own store subjects (any source unless `source`), its
+    inbox, and what `shared.bus` grants every client."""
     token = "*" if source == "*" else escape_token(source)
-    # The CDC objects (messages too large for NATS) it resolves itself: what the store would
-    # hand it anyway, since a client picks its own table filter.
-    return Grant(publish=[f"{names.prefix}.store.{token}.*.{escape_token(client)}"],
-                 subscribe=[f"{inbox(user or client)}.>"]).objects(names.cdc_objects_bucket)
+    return _grant_bus(names, bus.CLIENT, Grant(publish=[f"{names.prefix}.store.{token}.*.{escape_token(client)}"],
+                                               subscribe=[f"{inbox(user or client)}.>"]))
 
 
 def _account_block(name: str, users: list[tuple[str, str, Grant]], imports: list[tuple[str, str, str]],

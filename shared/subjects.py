@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 
 DEFAULT_PARTITIONS = 16
+STREAMS = ("raw", "cdc", "dlq")
+"""binlake's streams, as settings name them (BINLAKE_RAW_MAX_AGE_S, ...); `Names` has their names."""
 INTERNAL_TOKEN = "$binlake"
 HEARTBEAT_TABLE = "heartbeat"
 DDL_TABLE = "ddl"

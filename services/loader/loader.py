@@ -23,7 +23,7 @@ from services.loader.config import LoaderConfig
 from services.loader.lake import Lake
 from services.loader.maintenance import Maintenance
 from services.loader.read_ahead import Fetched, ReadAhead
-from shared import jetstream, keys
+from shared import bus, jetstream, keys
 from shared import snapshots as snap
 from shared.metrics import Registry
 from shared.store_client import Batch, StoreClient
@@ -108,7 +108,8 @@ class Loader:
         if not self._lake.resnapshot or self._js is None:
             return
         names = Names(self._cfg.prefix)
-        kv = await jetstream.ensure_kv(self._js, names.cursors_bucket, history=16, replicas=self._cfg.replicas)
+        kv = await jetstream.ensure_kv(self._js, names.cursors_bucket, history=bus.CURSOR_HISTORY,
+                                       replicas=self._cfg.replicas)
         while self._lake.resnapshot:
             db, table, why = self._lake.resnapshot[0]
             req = snap.SnapshotRequest(id=secrets.token_hex(6), created_ms=int(time.time() * 1000),

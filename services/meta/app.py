@@ -34,7 +34,8 @@ async def main(cfg: MetaConfig) -> None:
                                 if cfg.backend == "kv" else MysqlBackend(cfg.meta_mysql_url))
         await backend.start()
         try:
-            await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas, streams=("cdc",))  # rewind reads it
+            await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas, streams=("cdc",),
+                                           limits=cfg.limits)  # rewind reads it
             meta = MetaServer(nc, cfg.prefix, backend, Rewinder(js, names, backend))
             await meta.start()
             log.info("meta.start", backend=cfg.backend)

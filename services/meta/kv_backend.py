@@ -15,7 +15,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from services.meta.backend import Conflict, CursorEntry, SchemaRecord
-from shared import jetstream, keys, kv_values
+from shared import bus, jetstream, keys, kv_values
 from shared.jetstream import nats_errors
 
 
@@ -28,7 +28,8 @@ class KvBackend:
         self._schema: KeyValue | None = None
 
     async def start(self) -> None:
-        self._cursors = await jetstream.ensure_kv(self._js, self._buckets[0], history=16, replicas=self._replicas)
+        self._cursors = await jetstream.ensure_kv(self._js, self._buckets[0], history=bus.CURSOR_HISTORY,
+                                                  replicas=self._replicas)
         self._schema = await jetstream.ensure_kv(self._js, self._buckets[1], replicas=self._replicas)
 
     async def close(self) -> None:

@@ -19,7 +19,7 @@ from typing import TextIO
 import nats.js.errors
 
 from services.ops.common import nats_auth, nats_url, replicas, run
-from shared import jetstream, keys
+from shared import bus, jetstream, keys
 from shared import snapshots as snap
 from shared.errors import BinlakeError, ConfigError
 from shared.patterns import PatternError, compile_pattern
@@ -86,7 +86,7 @@ async def request(url: str, prefix: str, source: str, patterns: list[str], *, wa
     nc = await jetstream.connect(url, name="binlake-snapshot", auth=auth, first_connect_s=3.0)
     try:
         js = nc.jetstream(prefix=auth.nats_api_prefix)
-        kv = await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=replicas())
+        kv = await jetstream.ensure_kv(js, names.cursors_bucket, history=bus.CURSOR_HISTORY, replicas=replicas())
         req = snap.SnapshotRequest(id=secrets.token_hex(6), patterns=patterns, created_ms=int(time.time() * 1000))
         key = keys.snapshot_request(source, req.id)
         with jetstream.nats_errors("snapshot request"):

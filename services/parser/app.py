@@ -20,9 +20,10 @@ from services.parser.position import PositionReporter
 from services.parser.schema_recorder import SchemaRecorder
 from services.parser.source_watch import SourceWatch
 from services.parser.transactions import Outgoing
-from shared import jetstream, keys
+from shared import bus, jetstream, keys
 from shared.actor import Latest, run_all, supervise_call
 from shared.errors import LeaseLost
+from shared.health import Conditions
 from shared.lease import Lease, bucket_ttl
 from shared.meta_client import MetaClient
 from shared.metrics import Registry
@@ -36,11 +37,12 @@ async def main(cfg: ParserConfig) -> None:
     registry = Registry()
     leader = registry.gauge("parser_leader", "1 while this instance holds the parser lease")
     watch = SourceWatch(cfg.stall_s, registry)
-    async with runtime(cfg, "parser", registry, problem=watch.problem) as nc:
+    conditions = Conditions()
+    async with runtime(cfg, "parser", registry, problem=lambda: watch.problem() or conditions.problem()) as nc:
         js = nc.jetstream(prefix=cfg.nats_api_prefix)
         names = Names(cfg.prefix)
         leases = await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=cfg.lease_ttl_s, replicas=cfg.replicas)
-        cursors = await jetstream.ensure_kv(js, names.cursors_bucket, history=16, replicas=cfg.replicas)
+        cursors = await jetstream.ensure_kv(js, names.cursors_bucket, history=bus.CURSOR_HISTORY, replicas=cfg.replicas)
         lease = Lease(leases, keys.parser_lease(cfg.source), cfg.instance, await bucket_ttl(leases, cfg.lease_ttl_s))
         recorder = SchemaRecorder(js, names, cfg.source, cursors, MetaClient(nc, cfg.prefix), registry)
         recorder_restart = dataclasses.replace(cfg.restart, max_restarts=sys.maxsize)
@@ -51,7 +53,7 @@ async def main(cfg: ParserConfig) -> None:
                 leader.set(1)
                 watch.start()
                 progress: Latest[Outgoing] = Latest()
-                pipeline = Pipeline(cfg, nc, js, progress, registry, cursors, watch)
+                pipeline = Pipeline(cfg, nc, js, progress, registry, cursors, watch, conditions)
                 reporter = PositionReporter(cursors, cfg.source, progress, registry, cfg.report_interval_s)
                 try:
                     async with asyncio.TaskGroup() as tg:

@@ -31,6 +31,7 @@ from shared.actor import Latest
 from shared.async_publisher import AsyncPublisher
 from shared.bridge import ThreadBridge
 from shared.errors import BinlogPurged, SourceUnavailable
+from shared.health import Conditions
 from shared.metrics import Registry
 from shared.mysql import MysqlUrl
 from shared.subjects import Names
@@ -42,8 +43,10 @@ class Pipeline:
     """One run of binlog -> BINLAKE_RAW, from the stream tail until an error or cancellation."""
 
     def __init__(self, cfg: ParserConfig, nc: NATS, js: JetStreamContext, progress: Latest[Outgoing],
-                 registry: Registry, cursors: KeyValue, watch: SourceWatch | None = None) -> None:
+                 registry: Registry, cursors: KeyValue, watch: SourceWatch | None = None,
+                 conditions: Conditions | None = None) -> None:
         self.cfg = cfg
+        self.conditions = conditions
         self.cursors = cursors
         self.watch = watch
         self.registry = registry
@@ -66,7 +69,8 @@ class Pipeline:
         self.runs.inc()
         cfg = self.cfg
         info = await inspect_source(self.dsn)
-        await jetstream.ensure_streams(self.js, self.names, cfg.partitions, cfg.replicas, streams=("raw",))
+        await jetstream.ensure_streams(self.js, self.names, cfg.partitions, cfg.replicas, streams=("raw",),
+                                       limits=cfg.limits)
         await objects.ensure_or_warn(self.js, self.names.raw_objects_bucket, self.names.raw_stream,
                                      replicas=cfg.replicas)
         tail = await read_tail(self.js, self.names, cfg.source)
@@ -93,7 +97,9 @@ class Pipeline:
                                                                  window=cfg.publish_window,
                                                                  window_bytes=cfg.publish_window_bytes,
                                                                  ack_timeout_s=cfg.ack_timeout_s,
-                                                                 put_object=self._put_object))
+                                                                 put_object=self._put_object,
+                                                                 stream=self.names.raw_stream,
+                                                                 conditions=self.conditions))
         finally:
             await acks.close()
 

@@ -22,6 +22,7 @@ from nats.js.api import PubAck
 from services.parser.transactions import Outgoing
 from shared.async_publisher import AsyncPublisher
 from shared.errors import PublishFailed
+from shared.health import Conditions
 
 EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 
@@ -29,8 +30,12 @@ EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 class Publisher:
     def __init__(self, acks: AsyncPublisher, last_id: str | None, on_acked: Callable[[Outgoing | None, int], None],
                  *, window: int = 4000, window_bytes: int | None = None, ack_timeout_s: float = 15.0,
-                 put_object: Callable[[Outgoing], Awaitable[None]] | None = None) -> None:
+                 put_object: Callable[[Outgoing], Awaitable[None]] | None = None, stream: str = "BINLAKE_RAW",
+                 conditions: Conditions | None = None) -> None:
+        """`conditions`: where a full JetStream is reported (`/healthz`) until a publish is acked again."""
         self._acks = acks
+        self._stream = stream
+        self._conditions = conditions or Conditions()
         self._put_object = put_object
         self._window = window
         self._window_bytes = window_bytes
@@ -83,6 +88,8 @@ class Publisher:
             self._inflight_bytes -= len(msg.data)
             exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
             if exc is not None:
+                if full := self._conditions.no_room(exc, self._stream, msg.msg_id):
+                    raise full from exc
                 raise PublishFailed(f"JetStream refused {msg.msg_id} on {msg.subject}: {exc!r}") from exc
             self.published += 1
             count += 1
@@ -90,6 +97,7 @@ class Publisher:
             if msg.last:
                 complete = msg
         if acked is not None:
+            self._conditions.room()
             self._on_acked(complete, count)
         if self._inflight and time.monotonic() - self._inflight[0][2] > self._timeout:
             msg = self._inflight[0][0]
@@ -109,6 +117,9 @@ class Publisher:
 
     def abandon(self) -> None:
         """Cancel whatever is still in flight (its outcome is re-learned from the stream tail)."""
+        for _, fut, _ in self._inflight:
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # refused after an earlier refusal: known, and not worth a GC warning
         self._inflight.clear()
         self._inflight_bytes = 0
         self._acks.cancel_all()

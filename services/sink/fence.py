@@ -29,6 +29,7 @@ from nats.js import JetStreamContext
 
 from shared.async_publisher import send
 from shared.errors import BinlakeError, NatsUnavailable, PublishFailed
+from shared.health import Conditions
 from shared.jetstream import header, last_msg
 
 RAW_SEQ = "Binlake-Raw-Seq"
@@ -57,8 +58,11 @@ class Out:
 
 
 class SubjectFence:
-    def __init__(self, js: JetStreamContext, stream: str, timeout_s: float, *, atomic: bool = False) -> None:
+    def __init__(self, js: JetStreamContext, stream: str, timeout_s: float, *, atomic: bool = False,
+                 conditions: Conditions | None = None) -> None:
+        """`conditions`: where a full JetStream is reported (`/healthz`) until a publish is acked again."""
         self._js = js
+        self._conditions = conditions or Conditions()
         self._nc: Client = js._nc  # batch messages are plain publishes
         self._stream = stream
         self._timeout = timeout_s
@@ -118,6 +122,7 @@ class SubjectFence:
                     return await self._publish_each(todo)
                 if exc.err_code in DUPLICATE_IN_BATCH:
                     return await self._publish_each(todo)
+                self._check_room(exc, f"a batch of {len(todo)}")
                 raise PublishFailed(f"JetStream refused a batch of {len(todo)} for {sorted(expected)}: {exc}") from exc
             except (nats.errors.TimeoutError, nats.errors.Error, TimeoutError) as exc:
                 for subject in expected:
@@ -125,6 +130,7 @@ class SubjectFence:
                 raise NatsUnavailable(f"batch publish to {len(expected)} subjects failed: {exc!r}") from exc
             for i, out in enumerate(todo):  # a batch is stored in one run of stream sequences
                 self._last[out.subject] = (first_seq + i, out.raw_seq)
+            self._stored()
             return len(todo)
         raise PublishFailed(f"{sorted({o.subject for o in outs})} keep moving under concurrent writers; "
                             "is the partition owned twice?")
@@ -195,6 +201,7 @@ class SubjectFence:
                 ack = await self._js.publish(subject, data, timeout=self._timeout, headers=hdrs)
             except nats.js.errors.APIError as exc:
                 if exc.err_code != WRONG_LAST_SEQUENCE:
+                    self._check_room(exc, f"{subject} raw seq {raw_seq}")
                     raise PublishFailed(f"JetStream refused {subject} raw seq {raw_seq}: {exc}") from exc
                 self._last.pop(subject, None)  # someone else wrote: learn where the subject stands
                 continue
@@ -202,8 +209,17 @@ class SubjectFence:
                 self._last.pop(subject, None)
                 raise NatsUnavailable(f"publish to {subject} failed: {exc!r}") from exc
             self._last[subject] = (ack.seq, raw_seq) if not ack.duplicate else (seq, raw_seq)
+            self._stored()
             return True
         raise PublishFailed(f"{subject} keeps moving under concurrent writers; is the partition owned twice?")
+
+    def _check_room(self, exc: nats.js.errors.APIError, what: str) -> None:
+        """Raise StoreFull, reported until a publish is stored again, when JetStream refused for want of room."""
+        if full := self._conditions.no_room(exc, self._stream, what):
+            raise full from exc
+
+    def _stored(self) -> None:
+        self._conditions.room()
 
     def forget(self) -> None:
         self._last.clear()

@@ -31,6 +31,8 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 
 from shared import keys
 from shared.actor import Latest, raise_if_cancelled
+from shared.errors import StoreFull
+from shared.health import Conditions
 from shared.ordered_reader import OrderedReader
 from shared.subjects import kv_stream, kv_subject
 
@@ -144,8 +146,10 @@ class Membership:
     """Actor: announce this worker and publish the sorted live member names into `view`."""
 
     def __init__(self, js: JetStreamContext, bucket: str, source: str, instance: str, ttl_s: float,
-                 view: Latest[frozenset[str]]) -> None:
+                 view: Latest[frozenset[str]], conditions: Conditions | None = None) -> None:
+        """`conditions`: where a bucket JetStream has no room for is reported (`/healthz`)."""
         self._js = js
+        self._conditions = conditions or Conditions()
         self._bucket = bucket
         self._prefix = keys.members_prefix(source)
         self.key = keys.member(source, instance)
@@ -162,14 +166,22 @@ class Membership:
         beat = 0.0
         watcher: MemberWatch | None = None
         observed = time.monotonic()  # when the watcher last showed our own renewal
+        was_full = False  # the last renewal found no room
         try:
             while True:
                 try:
                     now = time.monotonic()
                     if now - beat > self._ttl / 3:
                         # A put with a header (KeyValue.put has none): the bucket's TTL applies as before.
-                        await self._js.publish(kv_subject(self._bucket, self.key), value,
-                                               headers={MEMBER_HEADER: self.key})
+                        try:
+                            await self._js.publish(kv_subject(self._bucket, self.key), value,
+                                                   headers={MEMBER_HEADER: self.key})
+                        except nats.js.errors.APIError as exc:
+                            if full := self._conditions.no_room(exc, kv_stream(self._bucket), self.key):
+                                raise full from exc
+                            raise
+                        self._conditions.room()
+                        was_full = False
                         beat = now
                     if watcher is not None and now - observed > self._ttl:
                         # Our renewals succeed but never show: the watcher's consumer is lost.
@@ -182,6 +194,12 @@ class Membership:
                         watcher = started
                         observed = time.monotonic()
                     update = await watcher.next(timeout=min(1.0, self._ttl / 6))
+                except StoreFull as exc:
+                    if not was_full:  # once per episode: it is retried three times per TTL
+                        self.log.error("membership.store_full", reason=str(exc))
+                    was_full = True
+                    await asyncio.sleep(min(1.0, self._ttl / 6))
+                    continue
                 except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
                     self.log.warning("membership.bus_error", error=repr(exc))
                     await asyncio.sleep(min(1.0, self._ttl / 6))

@@ -33,6 +33,7 @@ from services.sink.fence import Out, SubjectFence
 from services.sink.rules import Rules, TableRules
 from shared import cas, envelope, jetstream, keys, kv_values, objects
 from shared.errors import FatalError, NatsUnavailable
+from shared.health import Conditions
 from shared.metrics import Registry
 from shared.ordered_reader import OrderedReader
 from shared.subjects import INTERNAL_TOKEN, Names
@@ -58,8 +59,9 @@ class PartitionSettings:
 
 class PartitionWorker:
     def __init__(self, js: JetStreamContext, names: Names, cursors: KeyValue, rules: Rules,
-                 settings: PartitionSettings, registry: Registry) -> None:
+                 settings: PartitionSettings, registry: Registry, conditions: Conditions | None = None) -> None:
         self._js = js
+        self._conditions = conditions
         self._names = names
         self._cursors = cursors
         self._rules = rules
@@ -100,7 +102,8 @@ class PartitionWorker:
                                               self._names.raw_partition_filter(self._s.source, self._s.partition),
                                               self._cursor + 1, self._s.batch, max_bytes=self._s.fetch_bytes)
         fence = SubjectFence(self._js, self._names.cdc_stream, self._s.publish_timeout_s,
-                             atomic=await jetstream.allows_atomic(self._js, self._names.cdc_stream))
+                             atomic=await jetstream.allows_atomic(self._js, self._names.cdc_stream),
+                             conditions=self._conditions)
         self.log.info("partition.start", cursor=self._cursor, atomic_batches=fence.atomic)
         try:
             while True:

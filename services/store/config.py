@@ -1,4 +1,4 @@
-"""StoreConfig: BINLAKE_CDC retention and batch protocol limits."""
+"""StoreConfig: batch protocol limits (BINLAKE_CDC's retention is a setting of every service, `shared.config`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from shared.errors import ConfigError
 
 @dataclass(frozen=True, kw_only=True)
 class StoreConfig(config.ServiceConfig):
-    cdc_max_age_s: float = 7 * 86400.0  # 0 = keep forever
-    cdc_max_bytes: int = -1  # -1 = unlimited
     max_batch_rows: int = 100_000
     max_batch_bytes: int = 64 * 1024 * 1024  # a batch ends once its events hold this many bytes
     prefetch_bytes: int = 16 * 1024 * 1024  # what the store reads ahead per client, in bytes

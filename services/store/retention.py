@@ -38,7 +38,7 @@ async def _apply_to_stream(js: JetStreamContext, names: Names, max_age_s: float,
 
     `must_apply=False`: a change of limits that the server refuses is logged, not raised.
     """
-    want = jetstream.cdc_stream_config(names, replicas=replicas, max_age_s=max_age_s, max_bytes=max_bytes)
+    want = jetstream.cdc_stream_config(names, replicas=replicas, limits=(max_age_s, max_bytes))
     with nats_errors(f"stream {names.cdc_stream}"):
         try:
             info = await js.stream_info(names.cdc_stream)

@@ -11,8 +11,9 @@ import pytest
 from nats.js.api import KeyValueConfig, StorageType
 
 from services.ops import init
-from shared import jetstream
+from shared import bus, jetstream
 from shared.config import NatsSettings
+from shared.objects import object_stream, object_ttl
 from shared.subjects import Names, kv_stream, kv_subject
 
 
@@ -58,7 +59,7 @@ async def test_a_stream_or_bucket_another_service_creates_meanwhile_is_taken(nat
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     try:
-        await js.add_stream(jetstream.cdc_stream_config(names, max_age_s=7 * 86400.0))  # the store's, first
+        await js.add_stream(jetstream.cdc_stream_config(names))  # the store's, first
         await js.create_key_value(KeyValueConfig(bucket=names.leases_bucket, ttl=2.0))  # a test parser's TTL
         real_info, real_kv = js.stream_info, js.key_value
         seen: set[str] = set()
@@ -83,3 +84,37 @@ async def test_a_stream_or_bucket_another_service_creates_meanwhile_is_taken(nat
         assert kv is not None
     finally:
         await nc.close()
+
+
+async def test_init_gives_every_stream_the_configured_limits(nats_url: str) -> None:
+    """BINLAKE_RAW_/_CDC_/_DLQ_MAX_AGE_S and _MAX_BYTES: set at creation, changed on an existing
+    stream by the next `binlake init`; the raw objects follow the raw stream's age."""
+    names = Names()
+    await init.init(nats_url, NatsSettings(), {})
+    env = {"BINLAKE_RAW_MAX_AGE_S": "3600", "BINLAKE_RAW_MAX_BYTES": str(64 << 20),
+           "BINLAKE_CDC_MAX_AGE_S": "0", "BINLAKE_CDC_MAX_BYTES": str(128 << 20), "BINLAKE_DLQ_MAX_AGE_S": "86400"}
+    await init.init(nats_url, NatsSettings(), env)
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        got = {s: jetstream.limits_of((await js.stream_info(s)).config)
+               for s in (names.raw_stream, names.cdc_stream, names.dlq_stream)}
+        assert got == {names.raw_stream: (3600.0, 64 << 20), names.cdc_stream: (0.0, 128 << 20),
+                       names.dlq_stream: (86400.0, -1)}
+        raw_objects = (await js.stream_info(object_stream(names.raw_objects_bucket))).config.max_age
+        assert raw_objects == object_ttl(3600.0)
+    finally:
+        await nc.close()
+
+
+async def test_init_defines_exactly_the_table(nats_url: str) -> None:
+    names = Names()
+    defined = await init.init(nats_url, NatsSettings(), {})
+    assert defined == bus.names_of(names)
+    nc = await nats.connect(nats_url)
+    try:
+        streams = {info.config.name for info in await nc.jetstream().streams_info()}
+    finally:
+        await nc.close()
+    assert streams == ({s.name(names) for s in bus.STREAMS} | {kv_stream(b.name(names)) for b in bus.BUCKETS}
+                       | {object_stream(b.name(names)) for b in bus.OBJECT_BUCKETS})

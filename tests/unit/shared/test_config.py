@@ -228,3 +228,19 @@ def test_nats_settings_take_one_login_method_and_whole_pairs(tmp_path):
     # every service reads them too
     cfg = ParserConfig.from_env({"BINLAKE_SOURCE_URL": "mysql://root@h:3306", "BINLAKE_NATS_TOKEN": "t"})
     assert cfg.nats_token == "t"
+
+
+@pytest.mark.parametrize(("key", "raw", "message"), [
+    ("BINLAKE_RAW_MAX_AGE_S", "-1", "BINLAKE_RAW_MAX_AGE_S must be 0 (no limit) or more"),
+    ("BINLAKE_CDC_MAX_BYTES", "0", "BINLAKE_CDC_MAX_BYTES must be -1 (no limit) or more than 0"),
+    ("BINLAKE_DLQ_MAX_BYTES", "-5", "BINLAKE_DLQ_MAX_BYTES must be -1"),
+])
+def test_stream_limits_are_checked(key, raw, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ParserConfig.from_env({"BINLAKE_SOURCE_URL": "mysql://u@h/", key: raw})
+
+
+def test_every_streams_limits_are_settings():
+    cfg = ParserConfig.from_env({"BINLAKE_SOURCE_URL": "mysql://u@h/", "BINLAKE_RAW_MAX_BYTES": "1048576",
+                                 "BINLAKE_DLQ_MAX_AGE_S": "86400"})
+    assert cfg.limits == {"raw": (7 * 86400.0, 1048576), "cdc": (7 * 86400.0, -1), "dlq": (86400.0, -1)}
