@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import arguments, percentile, proc_cpu, run_in_workdir, tail
-from services.launcher import login
+from services.launcher import login, source
 from services.launcher.app import DURABLE, child_env, services
 from services.launcher.config import LauncherConfig
 from services.launcher.processes import spawn, stop_all
@@ -386,7 +386,8 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         mariadb.execute(f"CREATE DATABASE `{DB}`", *(
             f"CREATE TABLE `{DB}`.`{t}` (id BIGINT PRIMARY KEY, a INT, b VARCHAR(40), c DECIMAL(12,2), d DATETIME(3))"
             for t in TABLES))
-        env = child_env(cfg, workdir / "data", nats.url, mariadb.dsn())
+        source.record_url(workdir / "data", mariadb.dsn())  # the children read it from there
+        env = child_env(cfg, workdir / "data", nats.url)
         asyncio.run(init.init(nats.url, login.admin(workdir / "data"), env))
         env.update(BINLAKE_START="current", BINLAKE_LOG_LEVEL="warning")
         loader_port = free_port()

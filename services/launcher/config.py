@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,6 +25,9 @@ class LauncherConfig:
     demo: bool = False  # also run a sample workload and print the lake table as it changes
     snapshot_tables: str = ""  # regex over db.table: the parser snapshots matching tables on first sight
     log_level: str = "info"
+    # JetStream's storage limit per NATS node, e.g. 20G (K, M, G, T: powers of 1024); empty: three
+    # quarters of what the data directory's disk has for it (free space plus what JetStream holds)
+    nats_max_store: str = ""
 
     def __post_init__(self) -> None:
         if not 1 <= self.nats_cluster <= 5:
@@ -32,8 +36,19 @@ class LauncherConfig:
         if self.private_source not in ("mariadb", "mysql"):
             raise ConfigError(f"--source (BINLAKE_PRIVATE_SOURCE) must be mariadb or mysql, "
                               f"got {self.private_source!r}")
+        if self.nats_max_store and self.max_store_bytes is None:
+            raise ConfigError(f"BINLAKE_NATS_MAX_STORE must be a size like 20G or 512M (bytes: K, M, G, T), "
+                              f"got {self.nats_max_store!r}")
         if self.spark_workers < 0:
             raise ConfigError(f"--spark-workers (BINLAKE_SPARK_WORKERS) must be >= 0, got {self.spark_workers}")
+
+    @property
+    def max_store_bytes(self) -> int | None:
+        """BINLAKE_NATS_MAX_STORE in bytes; None when unset or not a size."""
+        m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)i?B?\s*", self.nats_max_store, re.IGNORECASE)
+        if m is None or int(m.group(1)) == 0:
+            return None
+        return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
 
     @property
     def replicas(self) -> int:

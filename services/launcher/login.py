@@ -3,11 +3,15 @@
 Each password is a 0600 file `<data>/nats-users/<role>`, kept across runs; the server's
 configuration is 0600 too. Every child gets its role's user, inbox and the file's path
 (`BINLAKE_NATS_PASSWORD_FILE`), never the password itself; `binlake status`, `tail`,
-`snapshot` and `rewind` log in as `admin` through the data directory, like they find the ports.
+`snapshot` and `rewind` log in as `admin` through the data directory, like they find the ports,
+and the `nats` CLI through the context file `<data>/nats-context.json` (`nats --context <file>`).
+`write_private` and `secret` are the data directory's one way to write a secret (the private
+source's passwords too, `source.py`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
@@ -23,36 +27,41 @@ def password_file(data: Path, role: str = ADMIN) -> Path:
     return data / "nats-users" / role
 
 
-def _write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to a file only its owner may read (also when it existed with a wider mode)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(text)
     os.chmod(path, 0o600)
 
 
-def _secret(path: Path) -> str:
-    """A random secret kept in an owner-only file, made on first use."""
+def secret(path: Path) -> str:
+    """A random secret kept in an owner-only file in an owner-only directory, made on first use.
+
+    URL-safe characters only: it goes unquoted into URLs, option files and configurations."""
     path.parent.mkdir(mode=0o700, exist_ok=True)
     if not path.is_file():
-        _write_private(path, secrets.token_urlsafe(24) + "\n")
+        write_private(path, secrets.token_urlsafe(24) + "\n")
     return path.read_text().strip()
 
 
 def password(data: Path, role: str = ADMIN) -> str:
     """A role's NATS password, made on first use."""
-    return _secret(password_file(data, role))
+    return secret(password_file(data, role))
 
 
 def route_password(data: Path) -> str:
     """What the routes of a `--nats-cluster` log in with: no rogue server joins as a route."""
-    return _secret(data / "nats-route")
+    return secret(data / "nats-route")
 
 
-def server_config(data: Path, names: Names) -> Path:
-    """A nats-server configuration (`-c`) with every role's user: no connection without a login."""
+def server_config(data: Path, names: Names, *, max_store: int | None = None) -> Path:
+    """A nats-server configuration (`-c`) with every role's user: no connection without a login;
+    with `max_store`, JetStream's storage limit in bytes."""
     path = data / "nats-login.conf"
     passwords = {role: '"' + password(data, role) + '"' for role in permissions.ROLES}
-    _write_private(path, permissions.server_config(names, passwords))
+    limit = "" if max_store is None else f"jetstream {{\n  max_file_store: {max_store}\n}}\n"
+    write_private(path, limit + permissions.server_config(names, passwords))
     return path
 
 
@@ -71,3 +80,18 @@ def client_env(data: Path, role: str) -> dict[str, str]:
     """The BINLAKE_NATS_* settings a child of `role` logs in with."""
     password(data, role)
     return {**permissions.login_env(role), "BINLAKE_NATS_PASSWORD_FILE": str(password_file(data, role))}
+
+
+def context_file(data: Path) -> Path:
+    return data / "nats-context.json"
+
+
+def write_context(data: Path, url: str) -> Path:
+    """A `nats` CLI context logging in as admin: `nats --context <file>` (or NATS_CONTEXT=<file>)
+    loads a path ending in `.json` as the context (natscli 0.0.34 and later), so the password is
+    on no command line. The password is in the file itself: only jsm.go's unreleased main resolves
+    a `file://` reference there, the released CLI would send the reference as the password."""
+    path = context_file(data)
+    write_private(path, json.dumps({"description": "binlake up: the admin", "url": url, "user": ADMIN,
+                                    "password": password(data, ADMIN)}, indent=2) + "\n")
+    return path

@@ -3,8 +3,10 @@
 Every server runs on a free 127.0.0.1 port with its files under a caller-provided
 directory, so nothing touches the system MariaDB (3306) or NATS (4222).  MySQL runs from a
 Debian root prepared once (`mysql_root`, `prepare_mysql_root`) through that root's own
-dynamic loader, so it needs no chroot and no MySQL on the host.  This module deliberately
-does not import pytest.
+dynamic loader, so it needs no chroot and no MySQL on the host.  A server is bootstrapped with
+root without a password; given `root_password`, root gets it right after the first start, before
+anyone else connects, and every later start logs in with it.  This module deliberately does not
+import pytest.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import pymysql
 from shared.cache import cache_dir
 
 __all__ = [
+    "LoginRefused",
     "MariaDB",
     "MySQL",
     "NatsCluster",
@@ -147,10 +150,16 @@ def _kill(proc: subprocess.Popen[bytes] | None) -> None:
     proc.wait()
 
 
-def _spawn(args: list[str], out_path: Path) -> subprocess.Popen[bytes]:
+def _spawn(args: list[str], out_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start ``args`` with stdout/stderr appended to ``out_path``."""
     with out_path.open("ab") as out:
-        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def _server_env() -> dict[str, str]:
+    """The environment of mariadbd and mysqld: they set their own umask (files 0660, for a `mysql`
+    group) from UMASK / UMASK_DIR, whatever the caller's; a private server's files are its owner's."""
+    return {**os.environ, "UMASK": "0600", "UMASK_DIR": "0700"}
 
 
 # ----------------------------------------------------------------------------- MariaDB
@@ -185,6 +194,7 @@ class MariaDB:
     basedir: Path
     proc: subprocess.Popen[bytes] | None
     args: list[str]
+    root_password: str = ""  # what `connect`, `dsn` and the readiness probe log in as root with
 
     @property
     def error_log(self) -> Path:
@@ -196,8 +206,13 @@ class MariaDB:
         """True while the mariadbd process is alive."""
         return self.proc is not None and self.proc.poll() is None
 
-    def dsn(self, user: str = "root", password: str = "", database: str | None = None) -> str:
+    def _password(self, user: str, password: str | None) -> str:
+        """`password`, or for root without one its `root_password`."""
+        return (self.root_password if user == "root" else "") if password is None else password
+
+    def dsn(self, user: str = "root", password: str | None = None, database: str | None = None) -> str:
         """``mysql://user[:password]@127.0.0.1:PORT[/database]`` (user/password URL-quoted)."""
+        password = self._password(user, password)
         auth = quote(user, safe="")
         if password:
             auth += ":" + quote(password, safe="")
@@ -209,19 +224,19 @@ class MariaDB:
     def connect(
         self,
         user: str = "root",
-        password: str = "",
+        password: str | None = None,
         database: str | None = None,
         autocommit: bool = True,
         **kwargs: Any,
     ) -> pymysql.connections.Connection[Any]:
-        """Open a pymysql connection over TCP (utf8mb4)."""
+        """Open a pymysql connection over TCP (utf8mb4); root's password is `root_password` unless given."""
         kwargs.setdefault("connect_timeout", 10)
         kwargs.setdefault("charset", "utf8mb4")
         return pymysql.connect(
             host=self.host,
             port=self.port,
             user=user,
-            password=password,
+            password=self._password(user, password),
             database=database,
             autocommit=autocommit,
             **kwargs,
@@ -267,7 +282,7 @@ class MariaDB:
         if self.running:
             return
         offset = _size(self.error_log)
-        self.proc = _spawn(self.args, self.basedir / f"{self.kind}.out")
+        self.proc = _spawn(self.args, self.basedir / f"{self.kind}.out", _server_env())
         if self not in _live:
             _live.append(self)
         self._wait_ready(offset)
@@ -295,6 +310,10 @@ class MariaDB:
                 # read/write timeouts too: a foreign listener on the port may never send a handshake
                 conn = self.connect(connect_timeout=2, read_timeout=2, write_timeout=2)
             except pymysql.err.OperationalError as exc:
+                if exc.args and exc.args[0] == _ACCESS_DENIED:  # ours and up, but root's password is another
+                    self.stop()
+                    raise LoginRefused(f"the {self.kind} server in {self.datadir} refuses root's password "
+                                       f"({exc.args[1] if len(exc.args) > 1 else exc})") from None
                 last_exc = exc
                 time.sleep(0.05)
                 continue
@@ -310,6 +329,28 @@ class MariaDB:
 
 class _AddressInUse(RuntimeError):
     """The chosen port was taken between picking it and binding it."""
+
+
+class LoginRefused(RuntimeError):
+    """The server started but refuses root's password: its data directory has another one."""
+
+
+_ACCESS_DENIED = 1045
+
+
+def _set_root_password(server: MariaDB, password: str) -> None:
+    """Give every root account `password`, on the fresh server's first start (bootstrapped without
+    one), and log in with it from then on. Not written to the binlog: the statement holds the password."""
+    conn = server.connect(password="")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            cur.execute("SELECT host FROM mysql.user WHERE user = 'root'")
+            for (host,) in list(cur.fetchall()):
+                cur.execute("ALTER USER 'root'@%s IDENTIFIED BY %s", (host, password))
+    finally:
+        conn.close()
+    server.root_password = password
 
 
 def _socket_path(basedir: Path) -> str:
@@ -329,7 +370,7 @@ def _tmpdir(basedir: Path) -> Path:
 
 
 def _install_datadir(install_db: str, mariadbd: str, basedir: Path, datadir: Path) -> None:
-    """Create the system tables in ``datadir`` (root@localhost/127.0.0.1 with empty password)."""
+    """Create the system tables in ``datadir`` (root@localhost/127.0.0.1/::1 with empty password)."""
     log = basedir / "install.log"
     args = [
         install_db,
@@ -340,11 +381,13 @@ def _install_datadir(install_db: str, mariadbd: str, basedir: Path, datadir: Pat
         "--auth-root-authentication-method=normal",
         "--skip-test-db",
         "--skip-name-resolve",
+        # no root@<this host's name>: a server with skip-name-resolve can neither use it nor give it a password
+        "--cross-bootstrap",
         # passed through to the bootstrap mariadbd; avoids a redo-log resize on first start
         "--innodb-log-file-size=48M",
     ]
     sbindir = os.path.dirname(mariadbd)
-    env = {**os.environ, "PATH": f"{sbindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**_server_env(), "PATH": f"{sbindir}{os.pathsep}{os.environ.get('PATH', '')}"}
     with log.open("wb") as out:
         rc = subprocess.call(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
     if rc != 0:
@@ -376,18 +419,20 @@ def _start_on_free_port(what: str, port: int | None, make: Callable[[int], _Serv
 
 
 def start_mariadb(basedir: Path, *, log_bin: bool = True, extra_args: Sequence[str] = (),
-                  port: int | None = None) -> MariaDB:
+                  port: int | None = None, root_password: str = "") -> MariaDB:
     """Initialise (if needed) and start a private MariaDB under ``basedir``.
 
     The datadir is ``basedir/data``; an existing initialised datadir is reused.  With
     ``log_bin`` the server writes a ROW/FULL/FULL-metadata binlog (``mysql-bin.*``).
-    ``extra_args`` come last, so they override the defaults.
+    ``extra_args`` come last, so they override the defaults.  ``root_password``: root's, set on
+    the first start (LoginRefused: an existing datadir's root has another).
     """
     mariadbd, install_db = mariadb_binaries()
     basedir = Path(basedir).resolve()
     basedir.mkdir(parents=True, exist_ok=True)
     datadir = basedir / "data"
-    if not (datadir / "mysql").is_dir():
+    fresh = not (datadir / "mysql").is_dir()
+    if fresh:
         _install_datadir(install_db, mariadbd, basedir, datadir)
 
     sock = _socket_path(basedir)
@@ -420,9 +465,13 @@ def start_mariadb(basedir: Path, *, log_bin: bool = True, extra_args: Sequence[s
         "--gtid-strict-mode=1",
         "--sync-binlog=0",
     ]
-    return _start_on_free_port("mariadb", port, lambda p: MariaDB(
+    server = _start_on_free_port("mariadb", port, lambda p: MariaDB(
         host="127.0.0.1", port=p, socket=sock, datadir=datadir, basedir=basedir, proc=None,
-        args=[*common, f"--port={p}", *(binlog if log_bin else ()), *extra_args]))
+        args=[*common, f"--port={p}", *(binlog if log_bin else ()), *extra_args],
+        root_password="" if fresh else root_password))
+    if fresh and root_password:
+        _set_root_password(server, root_password)
+    return server
 
 
 # ----------------------------------------------------------------------------- MySQL
@@ -479,19 +528,21 @@ def _mysqld(root: Path) -> list[str]:
 
 
 def start_mysql(basedir: Path, *, server_id: int = 1, extra_args: Sequence[str] = (),
-                port: int | None = None) -> MySQL:
+                port: int | None = None, root_password: str = "") -> MySQL:
     """Initialise (if needed) and start a private MySQL under ``basedir`` with the binlog binlake needs
-    (ROW, FULL image, FULL metadata, GTID on). ``extra_args`` come last, so they override the defaults."""
+    (ROW, FULL image, FULL metadata, GTID on). ``extra_args`` come last, so they override the defaults.
+    ``root_password`` as for `start_mariadb`."""
     mysqld = _mysqld(mysql_root())
     basedir = Path(basedir).resolve()
     basedir.mkdir(parents=True, exist_ok=True)
     datadir = basedir / "data"
-    if not (datadir / "mysql").is_dir():
+    fresh = not (datadir / "mysql").is_dir()
+    if fresh:
         log = basedir / "install.log"
         with log.open("wb") as out:
             rc = subprocess.call([*mysqld, "--initialize-insecure", f"--datadir={datadir}",
                                   f"--tmpdir={_tmpdir(basedir)}", f"--log-error={basedir / 'error.log'}"],
-                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=_server_env())
         if rc != 0:
             raise RuntimeError(f"mysqld --initialize failed with code {rc}; last lines of {basedir / 'error.log'}:\n"
                                + _tail(basedir / "error.log"))
@@ -522,9 +573,12 @@ def start_mysql(basedir: Path, *, server_id: int = 1, extra_args: Sequence[str] 
         "--enforce-gtid-consistency=ON",
         "--sync-binlog=0",
     ]
-    return _start_on_free_port("mysql", port, lambda p: MySQL(
+    server = _start_on_free_port("mysql", port, lambda p: MySQL(
         host="127.0.0.1", port=p, socket=sock, datadir=datadir, basedir=basedir, proc=None,
-        args=[*common, f"--port={p}", *extra_args]))
+        args=[*common, f"--port={p}", *extra_args], root_password="" if fresh else root_password))
+    if fresh and root_password:
+        _set_root_password(server, root_password)
+    return server
 
 
 # ----------------------------------------------------------------------------- NATS

@@ -110,6 +110,15 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
+def process_umask() -> str:
+    """This process's umask in octal, e.g. "077" (`binlake up` runs with 077)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status") as status:
+        return next(line for line in status if line.startswith("Umask:")).split()[1][-3:]
+    mask = os.umask(0o022)  # no /proc: read it the racy way, put straight back
+    os.umask(mask)
+    return f"{mask:03o}"
+
+
 def session(app: str, master: str, catalog: CatalogConfig, extra: Mapping[str, str] | None = None, *,
             properties: str = "") -> SparkSession:
     """`properties`: a Spark properties file the driver JVM reads (a secret stays off its command line)."""
@@ -136,6 +145,10 @@ def session(app: str, master: str, catalog: CatalogConfig, extra: Mapping[str, s
         # Local mode runs every task in the driver's heap; Spark's default of 1g ran out of memory
         # merging a table that holds two 64 MiB rows (two tasks, each growing a row buffer by doubling).
         extra.setdefault("spark.driver.memory", LOCAL_DRIVER_MEMORY)
+    # Hadoop's local file system sets the mode of every file and directory it writes (lake data,
+    # metadata, .crc files) from its own umask setting, 022 by default, whatever the process's:
+    # under `binlake up`'s umask 077 the lake would still be readable by every local user.
+    extra.setdefault("spark.hadoop.fs.permissions.umask-mode", process_umask())
     if "spark.driver.extraJavaOptions" not in extra:
         options = f"-Dlog4j.configurationFile=file:{quiet_log4j()} {class_archive.java_options()}"
         builder = builder.config("spark.driver.extraJavaOptions", options.strip())

@@ -22,10 +22,10 @@ differ is the source read again (in the same consistent-snapshot transaction), t
 first differing keys with the columns that differ; a key's position in that list depends
 on its digest, so both sides keep the same keys without holding every differing row.
 
-The source is BINLAKE_SOURCE_URL, else what `binlake up` recorded in `<data dir>/ports.json`
-(`source_url`, else the port of its private MariaDB); the lake is the loader's (LoaderConfig:
-BINLAKE_DATA_DIR, BINLAKE_WAREHOUSE, BINLAKE_CATALOG*). Exit 0: every table equal, 1: one
-differs, 2: a configuration error (no source, no lake, a table neither side has).
+The source is BINLAKE_SOURCE_URL(_FILE), else the one `binlake up` recorded in its data directory
+(`<data dir>/source-url`: on its private server, binlake's least-privilege user); the lake is the
+loader's (LoaderConfig: BINLAKE_DATA_DIR, BINLAKE_WAREHOUSE, BINLAKE_CATALOG*). Exit 0: every
+table equal, 1: one differs, 2: a configuration error (no source, no lake, a table neither side has).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ import pymysql.cursors
 from numpy.typing import NDArray
 from pyspark.sql import DataFrame, SparkSession
 
+from services.launcher import source
 from services.loader import live
 from services.loader.naming import quote
 from services.loader.types import spark_type
@@ -651,25 +652,17 @@ def verify(spark: SparkSession, conn: Connection, catalog: str, names: Sequence[
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    source_url: str = ""  # BINLAKE_SOURCE_URL; default: the source `binlake up` runs (<data_dir>/ports.json)
+    source_url: str = ""  # BINLAKE_SOURCE_URL; default: the source `binlake up` runs (<data_dir>/source-url)
 
 
 def source_url(configured: str, data_dir: str) -> str:
     """The configured source URL, else the one `binlake up` recorded in its data directory."""
     if configured:
         return configured
-    ports = Path(data_dir) / "ports.json"
-    try:
-        recorded = json.loads(ports.read_text())
-    except (OSError, ValueError):
-        recorded = {}
-    if isinstance(recorded, dict) and recorded.get("source_url"):
-        return str(recorded["source_url"])
-    private = recorded.get("mariadb") or recorded.get("mysql") if isinstance(recorded, dict) else None
-    if private:
-        return f"mysql://root@127.0.0.1:{int(private)}"  # the private MariaDB or MySQL of `binlake up`
+    if recorded := source.recorded_url(Path(data_dir)):
+        return recorded
     raise ConfigError(f"no source URL: set BINLAKE_SOURCE_URL, or BINLAKE_DATA_DIR to the data directory of "
-                      f"`binlake up` (no source recorded in {ports})")
+                      f"`binlake up` (no source recorded in {source.url_file(Path(data_dir))})")
 
 
 def run(names: Sequence[str], env: Mapping[str, str] | None = None) -> list[Result]:

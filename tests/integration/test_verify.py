@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from pyspark.sql import SparkSession
 
+from services.launcher import source
 from services.launcher.processes import clean_env
 from services.loader import verify
 from services.loader.lake import Lake, MergePolicy
@@ -262,10 +263,11 @@ def test_source_url_comes_from_the_environment_or_what_binlake_up_recorded(tmp_p
     assert verify.source_url("mysql://u@h:1", str(tmp_path)) == "mysql://u@h:1"
     with pytest.raises(ConfigError, match="BINLAKE_SOURCE_URL"):
         verify.source_url("", str(tmp_path))
-    (tmp_path / "ports.json").write_text(json.dumps({"nats": 4222, "mariadb": 3307}))
-    assert verify.source_url("", str(tmp_path)) == "mysql://root@127.0.0.1:3307"
-    (tmp_path / "ports.json").write_text(json.dumps({"nats": 4222, "source_url": "mysql://app:pw@db:3306"}))
-    assert verify.source_url("", str(tmp_path)) == "mysql://app:pw@db:3306"
+    (tmp_path / "ports.json").write_text(json.dumps({"nats": 4222, "mariadb": 3307}))  # ports only: no source
+    with pytest.raises(ConfigError, match="source-url"):
+        verify.source_url("", str(tmp_path))
+    source.record_url(tmp_path, "mysql://binlake:pw@127.0.0.1:3307")
+    assert verify.source_url("", str(tmp_path)) == "mysql://binlake:pw@127.0.0.1:3307"
 
 
 def _cli(*tables: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -300,8 +302,8 @@ def test_cli_exit_codes_and_output(spark, lake, conn, database, mariadb, tmp_pat
     out = _cli(**{**lake_env, "BINLAKE_WAREHOUSE": str(tmp_path / "nowhere")}, BINLAKE_SOURCE_URL=mariadb.dsn())
     assert out.returncode == 2 and "no lake at" in out.stderr, out.stdout + out.stderr
 
-    # equal: the source found through the ports.json `binlake up` wrote
-    (data / "ports.json").write_text(json.dumps({"nats": 4222, "mariadb": mariadb.port}))
+    # equal: the source found through the URL file `binlake up` wrote
+    source.record_url(data, mariadb.dsn())
     out = _cli(f"{db}.ok", **lake_env)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert out.stdout.splitlines() == [f"OK    {db}.ok: 2 rows"]

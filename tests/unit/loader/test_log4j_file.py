@@ -1,4 +1,5 @@
-"""The loader's log4j2 file: this process's own, owner-only, at a name no other local user can plant."""
+"""The loader's log4j2 file: this process's own, owner-only, at a name no other local user can plant;
+and the lake's files, which Hadoop writes with the process's umask."""
 
 from __future__ import annotations
 
@@ -21,3 +22,11 @@ def test_the_file_is_private_and_its_name_unguessable() -> None:
                            capture_output=True, text=True, check=True).stdout.split()
     assert other[0] != path and other[1] == "True"
     assert not os.path.exists(other[0])  # removed when that process ended
+
+
+def test_hadoop_writes_with_the_process_umask() -> None:
+    """What the loader's Spark gives Hadoop as `fs.permissions.umask-mode` (Hadoop's own default is 022)."""
+    out = subprocess.run([sys.executable, "-c", "import os; os.umask(0o077); "
+                          "from services.loader.spark import process_umask; print(process_umask())"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "077"
