@@ -48,7 +48,7 @@ class LauncherConfig:
         m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)i?B?\s*", self.nats_max_store, re.IGNORECASE)
         if m is None or int(m.group(1)) == 0:
             return None
-        return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
+        return int(m.group(1)) * int(1024 ** " KMGT".index(m.group(2).upper() or " "))
 
     @property
     def replicas(self) -> int:

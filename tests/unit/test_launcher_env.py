@@ -158,7 +158,7 @@ def test_the_default_store_limit_leaves_a_quarter_of_the_disk_and_counts_what_is
     from services.launcher import app
     from services.launcher.servers import NatsServer
 
-    monkeypatch.setattr(app.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(100 << 30, 60 << 30, 40 << 30))
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(100 << 30, 60 << 30, 40 << 30))
     assert app.store_limit(LauncherConfig(), tmp_path) == 30 << 30
     (tmp_path / "nats" / "jetstream").mkdir(parents=True)
     (tmp_path / "nats" / "jetstream" / "blk").write_bytes(b"x" * (4 << 20))  # held: counted, never locked out
