@@ -9,15 +9,24 @@ by each JVM with `--properties-file`, so the secret is on no command line): whoe
 master without it runs nothing. The web UIs listen on 127.0.0.1 (SPARK_LOCAL_IP). On several
 machines, run Spark's own master and workers instead; the warehouse must then be shared storage
 every worker sees.
+
+In a container (deploy/docker-compose.cluster.yml) the secret comes as BINLAKE_SPARK_SECRET and
+`secret_to_properties` turns it into the same kind of file at start, for `binlake spark
+master|worker` and the loader alike. Not Spark's own `_SPARK_AUTH_SECRET` variable: a standalone
+driver refuses to start without `spark.authenticate.secret` in its configuration, and
+`spark.authenticate.secret.file` is for Kubernetes only (Spark 3.5 `SecurityManager`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import secrets
+import shutil
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +35,8 @@ from services.launcher.servers import free_port, tcp_open
 from shared.errors import ConfigError, SparkUnavailable
 
 MASTER_START_TIMEOUT = 60.0
+SECRET_ENV = "BINLAKE_SPARK_SECRET"  # the cluster's shared secret, as a container gets it (deploy/.env)
+PROPERTIES_ENV = "BINLAKE_SPARK_PROPERTIES"  # a properties file for the driver (LoaderConfig) and the daemons
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,7 @@ class SparkCluster:
     def client_env(self) -> dict[str, str]:
         """What the loader needs to run its driver against this cluster."""
         return {"BINLAKE_MASTER": self.master_url, "SPARK_LOCAL_IP": "127.0.0.1",
-                "BINLAKE_SPARK_PROPERTIES": str(self.auth)}
+                PROPERTIES_ENV: str(self.auth)}
 
     async def wait_ready(self, timeout: float = MASTER_START_TIMEOUT) -> None:
         """Until the master listens: a driver that finds no master gives up after a long retry."""
@@ -91,15 +102,49 @@ def spark_env(data: Path, env: Mapping[str, str]) -> dict[str, str]:
             "SPARK_DAEMON_JAVA_OPTS": options.strip()}
 
 
+def auth_conf(secret: str) -> dict[str, str]:
+    """What master, workers and driver share: the secret every connection authenticates with, RPC
+    encryption, and a master UI that kills nothing (it answers without a login)."""
+    return {"spark.authenticate": "true", "spark.authenticate.secret": secret,
+            "spark.network.crypto.enabled": "true", "spark.ui.killEnabled": "false"}
+
+
+def write_auth_properties(path: Path, secret: str) -> Path:
+    """`auth_conf(secret)` as a new properties file only its owner reads."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.writelines(f"{key} {value}\n" for key, value in auth_conf(secret).items())
+    return path
+
+
 def auth_properties(data: Path) -> Path:
     """Spark's shared secret and RPC encryption, as a properties file only its owner reads (made once)."""
     path = data / "auth.properties"
     if not path.is_file():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(f"spark.authenticate true\nspark.authenticate.secret {secrets.token_hex(32)}\n"
-                      "spark.network.crypto.enabled true\n")
+        write_auth_properties(path, secrets.token_hex(32))
     return path
+
+
+def secret_to_properties(env: MutableMapping[str, str]) -> str | None:
+    """Move BINLAKE_SPARK_SECRET out of `env` into a properties file named by BINLAKE_SPARK_PROPERTIES.
+
+    The file is new, 0600, in a fresh 0700 directory, removed when this process exits normally
+    (a daemon that execs Spark leaves its few bytes in the container's /tmp). What starts from
+    `env` afterwards (the JVM, and the executors a worker starts) does not inherit the secret; a
+    worker hands its executors the secret in Spark's own way, `_SPARK_AUTH_SECRET`, not argv.
+    Returns the file's path, or None without a secret."""
+    secret = env.pop(SECRET_ENV, None)
+    if secret is None:
+        return None
+    if not secret or any(c.isspace() or c == "\\" for c in secret):  # a properties file would read another
+        raise ConfigError(f"{SECRET_ENV} must be non-empty, without spaces or backslashes "
+                          "(deploy/make-env.sh writes a hex one into deploy/.env)")
+    if env.get(PROPERTIES_ENV):
+        raise ConfigError(f"{SECRET_ENV} and {PROPERTIES_ENV} are both set: give the secret one way")
+    directory = tempfile.mkdtemp(prefix="binlake-spark-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    env[PROPERTIES_ENV] = str(write_auth_properties(Path(directory) / "auth.properties", secret))
+    return env[PROPERTIES_ENV]
 
 
 def spark_cluster(data: Path, workers: int, env: Mapping[str, str]) -> SparkCluster:

@@ -4,6 +4,7 @@ import argparse
 import os
 import sys
 
+from services.launcher.spark_cluster import secret_to_properties
 from services.loader import app
 from services.loader.config import LoaderConfig
 from shared.runner import run_service
@@ -15,7 +16,14 @@ def main() -> None:
     args = parser.parse_args(sys.argv[1:])
     if args.master:
         os.environ["BINLAKE_MASTER"] = args.master
-    run_service("loader", LoaderConfig.from_env, app.main)
+    run_service("loader", load, app.main)
+
+
+def load() -> LoaderConfig:
+    """The settings; a cluster's secret given as BINLAKE_SPARK_SECRET (deploy/docker-compose.cluster.yml)
+    becomes a private BINLAKE_SPARK_PROPERTIES file first, and leaves the environment Spark's JVM inherits."""
+    secret_to_properties(os.environ)
+    return LoaderConfig.from_env()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,14 @@ import pytest
 from shared import permissions
 from shared.config import NatsSettings
 from tests.compose.engine import Engine, missing_tools
-from tests.integration.support import assert_nats_refuses_anonymous, assert_table_order, read_stream_sync, wait_until
+from tests.integration.support import (
+    assert_nats_refuses_anonymous,
+    assert_spark_intruder_refused,
+    assert_table_order,
+    read_stream_sync,
+    spark_intruder_script,
+    wait_until,
+)
 from tests.servers import free_port, mysql_root, nats_server_binary
 
 pytestmark = [
@@ -41,7 +49,9 @@ pytestmark = [
 
 PARTITIONS = 16  # the services' default BINLAKE_PARTITIONS
 PASSWORD_VARIABLES = ("MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", "BINLAKE_ROUTE_PASSWORD",
+                      "BINLAKE_SPARK_SECRET",
                       *(f"BINLAKE_{role.upper()}_PASSWORD" for role in permissions.ROLES))  # deploy/make-env.sh's
+SPARK_SERVICES = ("spark-master", "spark-worker-1", "spark-worker-2")
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +158,23 @@ class Stack:
         out = self.compose("run", "--rm", "-T", "ops", "status", "--json", timeout=180).stdout
         return dict(json.loads(out))
 
+    def spark_master_json(self) -> str:
+        """The cluster file's Spark master as its web UI's `/json/` describes it (workers, applications)."""
+        return self.compose("exec", "-T", "spark-master", "python", "-c",
+                            "import urllib.request; print(urllib.request.urlopen("
+                            "'http://127.0.0.1:8080/json/', timeout=10).read().decode())").stdout
+
+    def spark_intruder(self) -> str:
+        """What a driver without the secret prints against the cluster file's master, from a container on
+        its network (`ops`, which has no Spark secret); its SparkContext waits for the master until killed."""
+        script = spark_intruder_script("spark://spark-master:7077")
+        out = self.compose("run", "--rm", "-T", "--entrypoint", "timeout", "ops", "--kill-after=10", "60",
+                           "python", "-c", script, timeout=300, check=False)
+        return out.stdout + out.stderr
+
+    def command_lines(self, service: str) -> str:
+        return self.compose("exec", "-T", service, "ps", "-eo", "args", "--no-headers").stdout
+
 
 def workload(stack: Stack, start: int, n: int) -> None:
     """Inserts, updates and deletes in shop.orders and shop.items, in transactions of 50 rows."""
@@ -234,16 +261,38 @@ def test_cluster_file_three_nats_nodes_and_a_spark_cluster(engine: Engine) -> No
         stack.compose("up", "--build", "--detach", "--wait", "--wait-timeout", "600", timeout=1800)
         workload(stack, 1, 1000)
         assert "OK" in stack.wait_verified()
-        apps = stack.compose("exec", "-T", "spark-master", "python", "-c",
-                             "import urllib.request,json; print(len(json.load(urllib.request.urlopen("
-                             "'http://127.0.0.1:8080/json/'))['activeapps']))").stdout.strip()
-        assert apps == "1", "the loader does not run on the Spark cluster"
+        master = json.loads(stack.spark_master_json())
+        assert [a["name"] for a in master["activeapps"]] == ["binlake-loader"], "the loader is not on the cluster"
+        assert_spark_secret_kept_off_command_lines(stack)
 
-        node = stack.container("nats-2")
-        subprocess.run(["kill", "-9", str(node["State"]["Pid"])], check=True)
-        workload(stack, 1001, 1000)
-        assert "OK" in stack.wait_verified()
-        assert_cdc_exact(stack)
+        with ThreadPoolExecutor(1) as pool:  # a minute of the intruder waiting, beside the failover
+            intruder = pool.submit(stack.spark_intruder)
+            node = stack.container("nats-2")
+            subprocess.run(["kill", "-9", str(node["State"]["Pid"])], check=True)
+            workload(stack, 1001, 1000)
+            assert "OK" in stack.wait_verified()
+            assert_cdc_exact(stack)
+            said = intruder.result()
+        # Without the secret: refused by the master, which still runs the loader (and lands its rows: verify).
+        master_json = stack.spark_master_json()
+        assert_spark_intruder_refused(said, master_json)
+        assert [a["name"] for a in json.loads(master_json)["activeapps"]] == ["binlake-loader"]
     finally:
         stack.compose("down", "--volumes", timeout=300, check=False)
 
+
+def assert_spark_secret_kept_off_command_lines(stack: Stack) -> None:
+    """The cluster's secret is in no process's arguments (`ps`) on the Spark containers and the loader:
+    each JVM (the loader's through spark-submit) reads it from an owner-only properties file;
+    executors get spark.authenticate from the driver."""
+    secret = stack.passwords["BINLAKE_SPARK_SECRET"]
+    for service in (*SPARK_SERVICES, "loader"):
+        lines = stack.command_lines(service)
+        assert secret not in lines, f"{service}: the Spark secret is on a command line"
+        path = lines.split("--properties-file ", 1)[1].split()[0]
+        modes = stack.compose("exec", "-T", service, "stat", "-c", "%a %U", path, str(Path(path).parent)).stdout
+        assert modes.split() == ["600", "binlake", "700", "binlake"], f"{service}: {path} {modes}"
+    executors = [line for s in ("spark-worker-1", "spark-worker-2") for line in stack.command_lines(s).splitlines()
+                 if "CoarseGrainedExecutorBackend" in line]
+    assert executors and all("-Dspark.authenticate=true" in e and "-Dspark.network.crypto.enabled=true" in e
+                             for e in executors), executors

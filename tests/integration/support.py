@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -202,3 +203,26 @@ def assert_nats_refuses_anonymous(port: int, host: str = "127.0.0.1") -> None:
                 break
             answer += chunk
     assert answer.startswith(b"-ERR 'Authorization Violation'"), answer
+
+
+SPARK_INTRUDER = "intruder"  # the application name of `spark_intruder_script`'s driver
+# What a driver without the secret logs when a master with spark.authenticate turns it away (Spark 3.5):
+# it did reach the master, and was refused for want of authentication.
+SPARK_AUTH_REFUSED = "Expected SaslMessage"
+
+
+def spark_intruder_script(master_url: str) -> str:
+    """Python for a driver without the cluster's secret: asks `master_url` for executors, prints what they count."""
+    return ("from pyspark.sql import SparkSession\n"
+            f"s = SparkSession.builder.appName({SPARK_INTRUDER!r}).master({master_url!r}).getOrCreate()\n"
+            "print('COUNTED', s.range(10).count(), flush=True)\n")
+
+
+def assert_spark_intruder_refused(output: str, master_json: str) -> None:
+    """The intruder reached the master and was refused: it counted nothing, and the master (its web
+    UI's `/json/`) never took it as an application."""
+    assert "COUNTED" not in output, output[-3000:]
+    assert SPARK_AUTH_REFUSED in output, f"the intruder was not refused for want of the secret:\n{output[-3000:]}"
+    apps = json.loads(master_json)
+    assert not [a for a in apps.get("activeapps", []) + apps.get("completedapps", [])
+                if a.get("name") == SPARK_INTRUDER], apps

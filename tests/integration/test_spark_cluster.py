@@ -30,7 +30,7 @@ from services.launcher.spark_cluster import SparkCluster, spark_cluster
 from shared.actor import run_all
 from tests.integration import test_loader
 from tests.integration.lake_stack import Stack, assert_cells_equal, commits, events
-from tests.integration.support import http_get, wait_until
+from tests.integration.support import assert_spark_intruder_refused, http_get, spark_intruder_script, wait_until
 from tests.integration.test_loader import FINAL, assert_changelog_exactly_once, run_load
 
 stack = test_loader.stack  # parser, sink, meta and store running; the loader on demand
@@ -118,20 +118,15 @@ def test_loader_on_a_standalone_cluster_survives_lost_workers(stack: Stack, clus
 @pytest.mark.timeout(300)
 def test_a_driver_without_the_clusters_secret_runs_nothing(cluster: SparkCluster, tmp_path: Path) -> None:
     """Whoever reaches the master without `auth.properties` gets no executor to run code on."""
-    script = ("from pyspark.sql import SparkSession\n"
-              f"s = SparkSession.builder.appName('intruder').master('{cluster.master_url}').getOrCreate()\n"
-              "print('COUNTED', s.range(10).count(), flush=True)\n")
     env = {**clean_env(), "SPARK_LOCAL_IP": "127.0.0.1"}
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", spark_intruder_script(cluster.master_url)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-    assert "COUNTED" not in out, out[-3000:]
     status, body = http_get(f"{cluster.webui_url}/json/")
     assert status == 200
-    apps = json.loads(body)
-    assert not [a for a in apps.get("activeapps", []) + apps.get("completedapps", []) if a.get("name") == "intruder"]
+    assert_spark_intruder_refused(out, body)
     assert stat.S_IMODE(os.stat(cluster.auth).st_mode) == 0o600

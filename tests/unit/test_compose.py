@@ -146,6 +146,23 @@ def test_the_cluster_file_has_three_nats_nodes_r3_and_a_spark_cluster():
     assert "lake-data:/data" in services["loader"]["volumes"]
 
 
+def test_the_cluster_files_spark_authenticates_with_a_secret_from_env_file_kept_off_command_lines():
+    services = compose("docker-compose.cluster.yml")["services"]
+    spark = {"spark-master", "spark-worker-1", "spark-worker-2"}
+    for name in spark:
+        # `binlake spark` writes it into a private properties file (services.launcher.spark_daemon)
+        assert services[name]["environment"]["BINLAKE_SPARK_SECRET"] == \
+            "${BINLAKE_SPARK_SECRET:?run deploy/make-env.sh first (see README, Docker)}", name
+    assert services["loader"]["environment"]["BINLAKE_SPARK_SECRET"] == "${BINLAKE_SPARK_SECRET}"
+    for name, svc in services.items():
+        assert "secret" not in " ".join(map(str, svc.get("command", []))).lower(), name
+        if name not in spark | {"loader"}:  # no other container gets it
+            assert "BINLAKE_SPARK_SECRET" not in (svc.get("environment") or {}), name
+    # The master's UI answers without a login: published on the host's loopback only, no worker UI.
+    assert services["spark-master"]["ports"] == ["127.0.0.1:${BINLAKE_SPARK_UI_PORT:-8080}:8080"]
+    assert "ports" not in services["spark-worker-1"] and "ports" not in services["spark-worker-2"]
+
+
 @pytest.mark.parametrize("file", FILES)
 def test_auth_is_on_and_each_service_has_its_own_user(file: str) -> None:
     raw = (ROOT / "deploy" / file).read_text()

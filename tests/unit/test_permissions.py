@@ -83,11 +83,18 @@ def test_make_env_writes_private_random_passwords_once(tmp_path: Path) -> None:
     assert env.stat().st_mode & 0o777 == 0o600
     values = dict(line.split("=", 1) for line in env.read_text().splitlines())
     assert set(values) == {"MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", "BINLAKE_ROUTE_PASSWORD",
-                           *(f"BINLAKE_{r.upper()}_PASSWORD" for r in permissions.ROLES)}
-    assert all(len(v) == 32 and int(v, 16) >= 0 for v in values.values()) and len(set(values.values())) == 9
+                           "BINLAKE_SPARK_SECRET", *(f"BINLAKE_{r.upper()}_PASSWORD" for r in permissions.ROLES)}
+    assert all(len(v) == 32 and int(v, 16) >= 0 for v in values.values()) and len(set(values.values())) == 10
     before = env.read_text()
     again = subprocess.run(["sh", str(script)], check=True, capture_output=True, text=True)
     assert env.read_text() == before and "kept" in again.stderr
+    # A file from an older binlake: what it has is kept, what it lacks is added.
+    env.write_text("".join(line + "\n" for line in before.splitlines() if "SPARK" not in line))
+    upgraded = subprocess.run(["sh", str(script)], check=True, capture_output=True, text=True)
+    assert "added BINLAKE_SPARK_SECRET" in upgraded.stderr
+    now = dict(line.split("=", 1) for line in env.read_text().splitlines())
+    assert now.keys() == values.keys() and all(now[k] == v for k, v in values.items() if k != "BINLAKE_SPARK_SECRET")
+    assert env.stat().st_mode & 0o777 == 0o600
 
 
 @pytest.mark.parametrize("inbox", ["", "_INBOX.", "a b", "_INBOX.>"])
