@@ -25,6 +25,7 @@ from shared.subjects import INBOX_PREFIX
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 MAX_IN_FLIGHT = 1024  # requests one subscription answers at once; more are refused as `unavailable`
+MAX_PER_CALLER = 64  # of those, what one caller (`serve`'s `caller`) may have: no client starves the others
 log = structlog.get_logger()
 
 
@@ -113,16 +114,21 @@ def subject_matches(pattern: str, subject: str) -> bool:
 
 async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
                 split_fields: tuple[str, ...] = (),
-                bind: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> Subscription:
+                bind: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
+                caller: Callable[[str], str | None] | None = None) -> Subscription:
     """Answer requests on `subject` with `handler`; errors become `{"ok": false}` replies.
 
     With `split_fields`, a reply larger than the connection's max_payload is sent as several
     messages, each with `part` and `last`, the lists in `split_fields` spread over them.
     `bind(subject, request)` checks a request against the subject it came on, before `handler`.
+    `caller(subject)` names who asks (a store client, by its subject, which only it may publish
+    on): one caller has at most MAX_PER_CALLER requests in flight, so its long polls never fill
+    the MAX_IN_FLIGHT every caller shares.
     """
     limit = max(1024, nc.max_payload - 64 * 1024) if nc.max_payload else 900 * 1024
 
     running: set[asyncio.Task[None]] = set()
+    per_caller: dict[str, int] = {}
 
     async def answer(msg: Msg) -> None:
         try:
@@ -163,11 +169,27 @@ async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
             await msg.respond(pack({"ok": False, "code": "unavailable",
                                     "error": f"{MAX_IN_FLIGHT} requests already in flight here; retry later"}))
             return
+        who = caller(msg.subject) if caller is not None else None
+        if who is not None and per_caller.get(who, 0) >= MAX_PER_CALLER:
+            await msg.respond(pack({"ok": False, "code": "unavailable",
+                                    "error": f"{who} has {MAX_PER_CALLER} requests in flight here already; wait for "
+                                             "their answers before sending more"}))
+            return
         # nats.py delivers one message at a time per subscription; a long-poll get of one
         # client must not hold up everybody else's requests.
         task = asyncio.create_task(answer(msg))
         running.add(task)
         task.add_done_callback(running.discard)
+        if who is not None:
+            per_caller[who] = per_caller.get(who, 0) + 1
+            task.add_done_callback(lambda _: _done(who))
+
+    def _done(who: str) -> None:
+        left = per_caller[who] - 1
+        if left:
+            per_caller[who] = left
+        else:
+            del per_caller[who]  # callers come and go: the map holds only the busy ones
 
     return await nc.subscribe(subject, queue=queue, cb=on_msg)
 

@@ -97,7 +97,8 @@ class StoreServer:
             # names, so that NATS permissions can give an application just its own subjects.
             self._subs.append(await serve(self._nc, base, self._counted(handler), queue="store", split_fields=split))
             self._subs.append(await serve(self._nc, f"{base}.*", self._counted(handler), queue="store",
-                                          split_fields=split, bind=self._own_client))
+                                          split_fields=split, bind=self._own_client,
+                                          caller=self._names.client_of_store_rpc))
 
     def _own_client(self, subject: str, req: dict[str, Any]) -> dict[str, Any]:
         named = self._names.client_of_store_rpc(subject)

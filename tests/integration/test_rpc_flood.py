@@ -51,3 +51,41 @@ async def test_requests_beyond_the_bound_are_refused_as_unavailable(nats_url: st
     finally:
         await server.close()
         await client.close()
+
+
+async def test_one_caller_cannot_take_the_bound_from_the_others(nats_url: str, monkeypatch: Any) -> None:
+    """A client's long polls fill its own share only: another client's request is still answered."""
+    monkeypatch.setattr(rpc, "MAX_PER_CALLER", 4)
+    release = asyncio.Event()
+
+    async def long_poll(req: dict[str, Any]) -> dict[str, Any]:
+        if req.get("wait"):
+            await release.wait()
+        return {"n": req.get("n")}
+
+    server, client = await nats.connect(nats_url), await nats.connect(nats_url)
+    try:
+        sub = await rpc.serve(server, "test.fair.*", long_poll, caller=lambda subject: subject.split(".")[-1])
+        await server.flush()
+        for _ in range(50):
+            try:
+                await client.request("test.fair.probe", msgpack.packb({}), timeout=2)
+                break
+            except nats.errors.NoRespondersError:
+                await asyncio.sleep(0.1)
+        greedy = [asyncio.create_task(client.request("test.fair.greedy", msgpack.packb({"n": i, "wait": True}),
+                                                     timeout=30)) for i in range(10)]
+        refused = [msgpack.unpackb((await p).data) for p in greedy[4:]]  # answered at once
+        assert all(not r["ok"] and r["code"] == "unavailable" and "greedy has 4 requests in flight" in r["error"]
+                   for r in refused), refused
+        other = msgpack.unpackb((await client.request("test.fair.loader", msgpack.packb({"n": 99}), timeout=5)).data)
+        assert other == {"ok": True, "n": 99}
+        release.set()
+        assert [msgpack.unpackb((await p).data)["n"] for p in greedy[:4]] == [0, 1, 2, 3]
+        # Its share is free again once answered.
+        again = msgpack.unpackb((await client.request("test.fair.greedy", msgpack.packb({"n": 5}), timeout=5)).data)
+        assert again == {"ok": True, "n": 5}
+        await sub.unsubscribe()
+    finally:
+        await server.close()
+        await client.close()
