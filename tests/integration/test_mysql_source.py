@@ -8,6 +8,7 @@ caching_sha2_password login with and without TLS, and a 64 MiB row.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import nats
 import pytest
 
 from services.launcher.processes import ServiceProcess
@@ -123,6 +125,28 @@ def test_compressed_and_tagged_transactions_survive_kill_9_with_the_gtid_set_tra
     assert ":etl:" in executed
 
 
+async def _raw_count(nats_url: str) -> int:
+    nc = await nats.connect(nats_url)
+    try:
+        return int((await nc.jetstream().stream_info("BINLAKE_RAW")).state.messages)
+    finally:
+        await nc.close()
+
+
+async def _kill_at(parser: ServiceProcess, nats_url: str, messages: int, timeout: float = 60) -> None:
+    """SIGKILL the parser as soon as BINLAKE_RAW holds `messages`: polled with one cheap stream info
+    per round trip, so that a loaded machine still kills it inside a transaction."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout
+        while (await js.stream_info("BINLAKE_RAW")).state.messages < messages:
+            assert time.monotonic() < deadline and parser.running, "the parser published too little"
+        parser.kill()
+    finally:
+        await nc.close()
+
+
 @pytest.mark.timeout(300)
 def test_a_kill_inside_one_large_compressed_transaction(source: MySQL, database: str, parser_factory: ParserFactory,
                                                         nats_url: str) -> None:
@@ -132,6 +156,7 @@ def test_a_kill_inside_one_large_compressed_transaction(source: MySQL, database:
     source.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v VARCHAR(200))",
                    f"CREATE TABLE `{db}`.u (id INT PRIMARY KEY, n INT)")
     parser = parser_factory(BINLAKE_INSTANCE="mysql-big", BINLAKE_PUBLISH_WINDOW="1")
+    before = asyncio.run(_raw_count(nats_url))  # idle but for a heartbeat a second
     source.execute("SET GLOBAL binlog_transaction_compression = ON")
     try:
         conn = source.connect(autocommit=False)  # a new session: it takes the global setting
@@ -146,8 +171,7 @@ def test_a_kill_inside_one_large_compressed_transaction(source: MySQL, database:
         conn.close()
     finally:
         source.execute("SET GLOBAL binlog_transaction_compression = OFF")
-    wait_until(lambda: len(row_changes(read_stream_sync(nats_url), db)) >= 20, 60, "the first messages")
-    parser.kill()
+    asyncio.run(_kill_at(parser, nats_url, before + 20))
     partial = row_changes(read_stream_sync(nats_url), db)
     assert partial and not partial[-1].env["txn"]["last"], "the kill did not land inside the transaction"
     parser = parser_factory(wait_ready=False, log_name="parser-2.log", BINLAKE_INSTANCE="mysql-big")
