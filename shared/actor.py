@@ -34,7 +34,8 @@ class RestartPolicy:
     max_delay_s: float = 15.0
 
     def delay(self, attempt: int) -> float:
-        return float(min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
+        # The exponent is capped: a wait that goes on for hours counts attempts without end.
+        return float(min(self.max_delay_s, self.base_delay_s * 2 ** min(attempt - 1, 32)))
 
 
 def raise_if_cancelled() -> None:
@@ -70,8 +71,10 @@ async def supervise_call(
             if exc.retriable and exc.waits:
                 waits += 1
                 delay = min(policy.delay(waits), WAIT_MAX_S)
-                log.error("actor.waiting", attempt=waits, delay_s=round(delay, 2), error=type(exc).__name__,
-                          reason=str(exc))
+                # Said at once, then about once a minute: the reason stays on /healthz meanwhile.
+                (log.error if waits % 12 == 1 else log.debug)(
+                    "actor.waiting", attempt=waits, delay_s=round(delay, 2), error=type(exc).__name__,
+                    reason=str(exc))
                 await asyncio.sleep(delay)
                 continue
             waits = 0

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from shared.actor import RestartPolicy
 from shared.errors import ConfigError
-from shared.jetstream import CDC_LIMITS, DLQ_LIMITS, RAW_LIMITS, Limits
+from shared.jetstream import CDC_LIMITS, DLQ_LIMITS, DUPLICATE_WINDOW_S, RAW_LIMITS, Limits
 from shared.subjects import DEFAULT_PARTITIONS, INBOX_PREFIX, STREAMS
 
 C = TypeVar("C")
@@ -226,8 +226,9 @@ class ServiceConfig(NatsSettings):
         super().__post_init__()
         for stream in STREAMS:
             age, size = self.stream_limits(stream)
-            if age < 0:
-                raise ConfigError(f"BINLAKE_{stream.upper()}_MAX_AGE_S must be 0 (no limit) or more, got {age}")
+            if age < 0 or 0 < age < DUPLICATE_WINDOW_S:
+                raise ConfigError(f"BINLAKE_{stream.upper()}_MAX_AGE_S must be 0 (no limit) or at least "
+                                  f"{DUPLICATE_WINDOW_S:.0f} (the streams' duplicate window), got {age}")
             if size != -1 and size < 1:
                 raise ConfigError(f"BINLAKE_{stream.upper()}_MAX_BYTES must be -1 (no limit) or more than 0, "
                                   f"got {size}")

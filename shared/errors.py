@@ -5,8 +5,8 @@ BinlakeError                      retriable = False
 ├── TransientError                retriable = True   (NATS timeout, MySQL gone away)
 │   ├── SourceUnavailable         MySQL/MariaDB cannot be reached (yet)
 │   ├── NatsUnavailable           NATS cannot be reached or timed out
+│   │   └── StoreFull             JetStream has no room left; waits (no restart budget) until it has
 │   └── PublishFailed             JetStream refused or lost a publish; resume from the stream tail
-│       └── StoreFull             JetStream has no room left; waits (no restart budget) until it has
 └── FatalError                    needs a person: the message says what to change
     ├── ConfigError               bad or missing configuration
     ├── SourceMisconfigured       server settings binlake cannot work with
@@ -51,8 +51,8 @@ class PublishFailed(TransientError):
     """JetStream refused or lost a publish; the parser resumes from the stream tail."""
 
 
-class StoreFull(PublishFailed):
-    """JetStream has no room for another message (its storage limit, or the disk); the publisher
+class StoreFull(NatsUnavailable):
+    """JetStream refuses a write for want of room (its storage limit, or an account's); the writer
     resumes from the stream tail once there is room."""
 
     waits = True

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # shared.config needs shared.actor, which needs this module
 
 log = structlog.get_logger()
 NAME_IN_USE = 10058  # JetStream: "stream name already in use with a different configuration"
+DUPLICATES_OVER_AGE = 10052  # "duplicates window can not be larger then max age"
 
 
 def login_options(auth: NatsSettings, servers: list[str]) -> dict[str, Any]:
@@ -164,26 +165,30 @@ def store_full(exc: BaseException, stream: str, what: str) -> StoreFull | None:
         f"JetStream has no room for {what} in {stream} ({exc.description}): free disk space on the NATS "
         "servers, raise JetStream's storage limit (`jetstream { max_file_store }`; `binlake up`: "
         "BINLAKE_NATS_MAX_STORE), or keep less (BINLAKE_RAW_/_CDC_/_DLQ_MAX_AGE_S and _MAX_BYTES, "
-        "applied by `binlake init`); binlake goes on by itself once there is room, and nothing is lost")
+        "applied by `binlake init`); binlake goes on by itself once there is room, and loses nothing while the "
+        "source keeps its binlogs")
 
 
 @contextlib.contextmanager
 def nats_errors(what: str) -> Iterator[None]:
-    """Translate timeouts and lost connections into retriable NatsUnavailable."""
+    """Translate timeouts and lost connections into retriable NatsUnavailable, a refusal for want
+    of room into StoreFull (waited out)."""
     try:
         yield
     except TRANSIENT as exc:
-        raise NatsUnavailable(f"{what}: {exc!r}") from exc
+        raise (store_full(exc, what, "a write") or NatsUnavailable(f"{what}: {exc!r}")) from exc
 
 
 Limits = tuple[float, int]
 """A stream's (max age in seconds, 0 = none; max bytes, -1 = none): `ServiceConfig.stream_limits`."""
+DUPLICATE_WINDOW_S = 300.0  # a stream's age limit may not be shorter (JetStream refuses it)
 RAW_LIMITS: Limits = (7 * 86400.0, -1)
 CDC_LIMITS: Limits = (7 * 86400.0, -1)
 DLQ_LIMITS: Limits = (0.0, -1)  # dead letters wait for a person
 
 
-def raw_stream_config(names: Names, partitions: int, *, replicas: int = 1, duplicate_window_s: float = 300.0,
+def raw_stream_config(names: Names, partitions: int, *, replicas: int = 1,
+                      duplicate_window_s: float = DUPLICATE_WINDOW_S,
                       limits: Limits = RAW_LIMITS) -> StreamConfig:
     src, dest = names.raw_transform(partitions)
     return StreamConfig(
@@ -194,7 +199,7 @@ def raw_stream_config(names: Names, partitions: int, *, replicas: int = 1, dupli
     )
 
 
-def cdc_stream_config(names: Names, *, replicas: int = 1, duplicate_window_s: float = 300.0,
+def cdc_stream_config(names: Names, *, replicas: int = 1, duplicate_window_s: float = DUPLICATE_WINDOW_S,
                       limits: Limits = CDC_LIMITS) -> StreamConfig:
     """BINLAKE_CDC: the durable, per-table-ordered stream clients read."""
     return StreamConfig(
@@ -210,7 +215,7 @@ def dlq_stream_config(names: Names, *, replicas: int = 1, limits: Limits = DLQ_L
     """BINLAKE_DLQ: events a service could not process, with the reason in a header."""
     return StreamConfig(
         name=names.dlq_stream, subjects=[names.dlq_all], storage=StorageType.FILE, max_age=limits[0],
-        max_bytes=limits[1], duplicate_window=300.0, discard=DiscardPolicy.OLD, num_replicas=replicas,
+        max_bytes=limits[1], duplicate_window=DUPLICATE_WINDOW_S, discard=DiscardPolicy.OLD, num_replicas=replicas,
         description="binlake: dead letters",
     )
 
@@ -229,9 +234,9 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig, *, repair: b
         except nats.js.errors.NotFoundError:
             try:
                 return await js.add_stream(config)
-            except nats.js.errors.BadRequestError as exc:
+            except nats.js.errors.APIError as exc:
                 if exc.err_code != NAME_IN_USE:
-                    raise
+                    raise _refused(config, exc) from exc
                 # Another service created it since (the store with its retention, say): check that one.
                 info = await js.stream_info(config.name)
     have = info.config.subject_transform
@@ -256,7 +261,24 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig, *, repair: b
         return info
     log.info("stream.update", stream=config.name, **changes)
     with nats_errors(f"stream {config.name}"):
-        return await js.update_stream(dataclasses.replace(info.config, **changes))
+        try:
+            return await js.update_stream(dataclasses.replace(info.config, **changes))
+        except nats.js.errors.APIError as exc:
+            raise _refused(config, exc) from exc
+
+
+def _refused(config: StreamConfig, exc: nats.js.errors.APIError) -> Exception:
+    """What to change when JetStream refuses a stream's definition; other errors as they are."""
+    if exc.err_code in NO_ROOM:
+        return ConfigError(
+            f"JetStream refuses {config.name} with max_bytes {config.max_bytes} ({exc.description}): it reserves "
+            "each stream's max bytes against its storage limit, and the streams' BINLAKE_*_MAX_BYTES together "
+            "exceed what is left; lower them, or raise the server's max_file_store (`binlake up`: "
+            "BINLAKE_NATS_MAX_STORE)")
+    if exc.err_code == DUPLICATES_OVER_AGE:
+        return ConfigError(f"JetStream refuses {config.name} with max age {config.max_age}s ({exc.description}); "
+                           f"an age limit must be 0 or at least {DUPLICATE_WINDOW_S:.0f} s")
+    return exc
 
 
 def limits_of(config: StreamConfig) -> Limits:

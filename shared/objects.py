@@ -38,7 +38,7 @@ from nats.js.api import ObjectStoreConfig, StorageType
 
 from shared import envelope
 from shared.errors import ConfigError, FatalError, NatsUnavailable
-from shared.jetstream import NAME_IN_USE, nats_errors
+from shared.jetstream import NAME_IN_USE, nats_errors, store_full
 
 log = structlog.get_logger()
 REF: Final = "ref"
@@ -214,7 +214,8 @@ def _mapped(ref: Ref) -> Iterator[None]:
     except nats.js.errors.NotFoundError:
         raise ConfigError(f"object bucket {ref.bucket} does not exist: run `binlake init` as NATS admin") from None
     except (nats.js.errors.Error, nats.errors.Error, TimeoutError) as exc:
-        raise NatsUnavailable(f"object {ref.name} in {ref.bucket}: {exc!r}") from exc
+        raise (store_full(exc, ref.bucket, f"object {ref.name}")
+               or NatsUnavailable(f"object {ref.name} in {ref.bucket}: {exc!r}")) from exc
 
 
 async def _direct(js: JetStreamContext, bucket: str, req: dict[str, Any], subject: str | None = None, *,

@@ -127,14 +127,14 @@ def start_bus(cfg: LauncherConfig, data: Path, ports: dict[str, int], max_store:
 
 
 def store_limit(cfg: LauncherConfig, data: Path) -> int:
-    """JetStream's storage limit per node: BINLAKE_NATS_MAX_STORE, else three quarters of what the
-    disk has for it (its free space plus what JetStream holds already, so that a restart never
-    sets the limit below the data), shared by the nodes of a cluster."""
+    """JetStream's storage limit per node: BINLAKE_NATS_MAX_STORE, else what JetStream holds already
+    (a restart never sets the limit below its data) plus three quarters of the disk's free space,
+    shared by the nodes of a cluster."""
     if cfg.max_store_bytes is not None:
         return cfg.max_store_bytes
     held = sum(f.stat().st_size for d in (data / "nats", data / "nats-cluster") if d.is_dir()
                for f in d.rglob("*") if f.is_file())
-    return (shutil.disk_usage(data).free + held) * 3 // 4 // cfg.nats_cluster
+    return (held + shutil.disk_usage(data).free * 3 // 4) // cfg.nats_cluster
 
 
 def first_port(nats: NatsServer | NatsCluster) -> int:
@@ -217,6 +217,9 @@ def prepare(cfg: LauncherConfig) -> tuple[Path, dict[str, int]]:
 
 
 async def main(cfg: LauncherConfig) -> None:
+    # Read into `cfg`; the servers `up` starts inherit this environment, so no secret stays in it.
+    for key in [k for k in os.environ if k == "BINLAKE_SOURCE_URL" or k.startswith("BINLAKE_NATS_")]:
+        del os.environ[key]
     loop = asyncio.get_running_loop()
     data, ports = await loop.run_in_executor(None, prepare, cfg)
     max_store = store_limit(cfg, data)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from shared import permissions
 from shared.config import NatsSettings
+from shared.errors import ConfigError
 from shared.subjects import Names
 
 ADMIN = "admin"
@@ -29,10 +30,12 @@ def password_file(data: Path, role: str = ADMIN) -> Path:
 
 def write_private(path: Path, text: str) -> None:
     """Write `text` to a file only its owner may read (also when it existed with a wider mode)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if path.is_symlink():  # planted: the secret would land where it points
+        raise ConfigError(f"{path} is a symbolic link, not binlake's file: remove it (and find out who made it)")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), 0o600)
         out.write(text)
-    os.chmod(path, 0o600)
 
 
 def secret(path: Path) -> str:
@@ -40,9 +43,13 @@ def secret(path: Path) -> str:
 
     URL-safe characters only: it goes unquoted into URLs, option files and configurations."""
     path.parent.mkdir(mode=0o700, exist_ok=True)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         write_private(path, secrets.token_urlsafe(24) + "\n")
-    return path.read_text().strip()
+    if path.is_symlink():  # planted: it would hand us a known password, or take ours elsewhere
+        raise ConfigError(f"{path} is a symbolic link, not binlake's secret: remove it (and find out who made it)")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd) as file:
+        return file.read().strip()
 
 
 def password(data: Path, role: str = ADMIN) -> str:

@@ -4,9 +4,9 @@ Every server runs on a free 127.0.0.1 port with its files under a caller-provide
 directory, so nothing touches the system MariaDB (3306) or NATS (4222).  MySQL runs from a
 Debian root prepared once (`mysql_root`, `prepare_mysql_root`) through that root's own
 dynamic loader, so it needs no chroot and no MySQL on the host.  A server is bootstrapped with
-root without a password; given `root_password`, root gets it right after the first start, before
-anyone else connects, and every later start logs in with it.  This module deliberately does not
-import pytest.
+root without a password; given `root_password`, root gets it from an init file its first start
+runs before it accepts any connection, and every later start logs in with it.  This module
+deliberately does not import pytest.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import importlib.metadata
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -338,19 +339,37 @@ class LoginRefused(RuntimeError):
 _ACCESS_DENIED = 1045
 
 
-def _set_root_password(server: MariaDB, password: str) -> None:
-    """Give every root account `password`, on the fresh server's first start (bootstrapped without
-    one), and log in with it from then on. Not written to the binlog: the statement holds the password."""
-    conn = server.connect(password="")
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SET SESSION sql_log_bin = 0")
-            cur.execute("SELECT host FROM mysql.user WHERE user = 'root'")
-            for (host,) in list(cur.fetchall()):
-                cur.execute("ALTER USER 'root'@%s IDENTIFIED BY %s", (host, password))
-    finally:
-        conn.close()
-    server.root_password = password
+ROOT_HOSTS = ("localhost", "127.0.0.1", "::1")
+"""Where a freshly initialised MariaDB or MySQL has its root accounts (MariaDB's install-db runs
+with --cross-bootstrap: no root@<hostname>)."""
+
+
+def _root_password_file(basedir: Path, password: str) -> str:
+    """An init file (0600) that gives root `password` as the fresh server starts: the server runs
+    it before it accepts any connection, so no one can log in as root without a password, not even
+    for a moment. Not written to the binlog: the statement holds the password."""
+    path = basedir / "root-password.sql"
+    users = ", ".join(f"'root'@'{host}' IDENTIFIED BY '{password}'" for host in ROOT_HOSTS)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"SET SESSION sql_log_bin = 0;\nALTER USER IF EXISTS {users};\n")
+    return str(path)
+
+
+def _first_start(args: list[str], basedir: Path, password: str) -> tuple[list[str], Callable[[MariaDB], None]]:
+    """`args` with the init file that sets root's password on a fresh server (none without a
+    password), and what to do once it is up: drop the file from its arguments and the disk."""
+    if not password:
+        return args, lambda _: None
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", password):
+        raise ValueError("a private server's root password must be URL-safe characters (login.secret makes one)")
+    init = _root_password_file(basedir, password)
+
+    def done(server: MariaDB) -> None:
+        server.args.remove(f"--init-file={init}")  # a restart must not run it again
+        os.unlink(init)
+
+    return [*args, f"--init-file={init}"], done
 
 
 def _socket_path(basedir: Path) -> str:
@@ -465,12 +484,11 @@ def start_mariadb(basedir: Path, *, log_bin: bool = True, extra_args: Sequence[s
         "--gtid-strict-mode=1",
         "--sync-binlog=0",
     ]
+    common, started = _first_start(common, basedir, root_password if fresh else "")
     server = _start_on_free_port("mariadb", port, lambda p: MariaDB(
         host="127.0.0.1", port=p, socket=sock, datadir=datadir, basedir=basedir, proc=None,
-        args=[*common, f"--port={p}", *(binlog if log_bin else ()), *extra_args],
-        root_password="" if fresh else root_password))
-    if fresh and root_password:
-        _set_root_password(server, root_password)
+        args=[*common, f"--port={p}", *(binlog if log_bin else ()), *extra_args], root_password=root_password))
+    started(server)
     return server
 
 
@@ -573,11 +591,11 @@ def start_mysql(basedir: Path, *, server_id: int = 1, extra_args: Sequence[str] 
         "--enforce-gtid-consistency=ON",
         "--sync-binlog=0",
     ]
+    common, started = _first_start(common, basedir, root_password if fresh else "")
     server = _start_on_free_port("mysql", port, lambda p: MySQL(
         host="127.0.0.1", port=p, socket=sock, datadir=datadir, basedir=basedir, proc=None,
-        args=[*common, f"--port={p}", *extra_args], root_password="" if fresh else root_password))
-    if fresh and root_password:
-        _set_root_password(server, root_password)
+        args=[*common, f"--port={p}", *extra_args], root_password=root_password))
+    started(server)
     return server
 
 

@@ -34,6 +34,7 @@ from services.sink.rules import Rules, TableRules
 from shared import cas, envelope, jetstream, keys, kv_values, objects
 from shared.errors import FatalError, NatsUnavailable
 from shared.health import Conditions
+from shared.jetstream import store_full
 from shared.metrics import Registry
 from shared.ordered_reader import OrderedReader
 from shared.subjects import INTERNAL_TOKEN, Names
@@ -266,7 +267,8 @@ class PartitionWorker:
             await self._js.publish(self._names.dlq(self._s.source), m.data or b"", headers=headers,
                                    timeout=self._s.publish_timeout_s)
         except (nats.errors.Error, TimeoutError) as exc:
-            raise NatsUnavailable(f"cannot write the dead letter for raw seq {seq}: {exc!r}") from exc
+            raise (store_full(exc, self._names.dlq_stream, f"the dead letter of raw seq {seq}")
+                   or NatsUnavailable(f"cannot write the dead letter for raw seq {seq}: {exc!r}")) from exc
         self._dlq.inc(partition=self._p)
         self.log.error("partition.halted", raw_seq=seq, subject=m.subject, reason=reason)
         raise PartitionHalted(f"partition {self._s.partition} stopped at raw seq {seq}: {reason}")
@@ -333,7 +335,8 @@ class PartitionWorker:
                 self._cursors, self._key, value, self._revision,
                 lambda stored: _stored(stored, self._key, self._names.cursors_bucket) >= (cursor, seen))
         except nats.errors.Error as exc:
-            raise NatsUnavailable(f"cursor {self._key}: {exc!r}") from exc
+            raise (store_full(exc, self._names.cursors_bucket, f"cursor {self._key}")
+                   or NatsUnavailable(f"cursor {self._key}: {exc!r}")) from exc
         self._revision = written.revision
         if written.stored:
             self._committed, self._committed_seen = cursor, seen

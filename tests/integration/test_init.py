@@ -13,6 +13,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from services.ops import init
 from shared import bus, jetstream
 from shared.config import NatsSettings
+from shared.errors import ConfigError
 from shared.objects import object_stream, object_ttl
 from shared.subjects import Names, kv_stream, kv_subject
 
@@ -118,3 +119,8 @@ async def test_init_defines_exactly_the_table(nats_url: str) -> None:
         await nc.close()
     assert streams == ({s.name(names) for s in bus.STREAMS} | {kv_stream(b.name(names)) for b in bus.BUCKETS}
                        | {object_stream(b.name(names)) for b in bus.OBJECT_BUCKETS})
+
+
+async def test_limits_jetstream_cannot_reserve_are_refused_with_what_to_change(nats_url: str) -> None:
+    with pytest.raises(ConfigError, match="reserves each stream's max bytes against its storage limit"):
+        await init.init(nats_url, NatsSettings(), {"BINLAKE_RAW_MAX_BYTES": str(10**16)})

@@ -102,7 +102,7 @@ def test_a_full_jetstream_stops_capture_with_the_reason_and_loses_nothing(
     parser_reason = wait_until(lambda: _unhealthy(parser_port), 60, "the parser's /healthz to say why")
     sink_reason = wait_until(lambda: _unhealthy(sink_port), 60, "the sink's /healthz to say why")
     for reason, stream in ((parser_reason, "BINLAKE_RAW"), (sink_reason, "BINLAKE_CDC")):
-        assert "JetStream has no room for" in reason and stream in reason and "nothing is lost" in reason, reason
+        assert "JetStream has no room for" in reason and stream in reason and "loses nothing" in reason, reason
     # It waits, healthy processes and leases (their buckets are full too), for as long as it takes.
     time.sleep(8)
     assert _unhealthy(parser_port) and _unhealthy(sink_port)

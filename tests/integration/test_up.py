@@ -299,3 +299,44 @@ def test_a_private_source_whose_root_has_another_password_is_refused(tmp_path: P
         start_private_source(cfg, data, {})
     assert str(source.password_file(data, source.ROOT)) in str(refused.value) and "move" in str(refused.value)
     assert "not-the-one" not in str(refused.value)
+
+
+@pytest.mark.parametrize("flavour", ["mariadb", "mysql"])
+def test_no_one_logs_in_as_root_without_the_password_while_a_fresh_server_starts(tmp_path: Path,
+                                                                                 flavour: str) -> None:
+    """Root's password comes from an init file the first start runs before it accepts a connection:
+    a local user polling the port the whole time never gets in as root without it."""
+    import threading
+
+    from services.launcher.servers import free_port, start_mariadb, start_mysql
+
+    if flavour == "mysql":
+        require_mysql()
+    port, secret, stop, got_in = free_port(), "S3cret-root_pw", threading.Event(), []
+
+    def attacker() -> None:
+        while not stop.is_set():
+            try:
+                pymysql.connect(host="127.0.0.1", port=port, user="root", password="", connect_timeout=1).close()
+                got_in.append(True)
+            except pymysql.err.MySQLError:
+                time.sleep(0.005)
+
+    thread = threading.Thread(target=attacker, daemon=True)
+    thread.start()
+    start = start_mysql if flavour == "mysql" else start_mariadb
+    server = start(tmp_path / flavour, port=port, root_password=secret)
+    try:
+        time.sleep(0.5)
+        stop.set()
+        thread.join()
+        assert got_in == [], "root logged in without a password during the first start"
+        assert server.query("SELECT 1") == [(1,)]  # as root, with the password
+        assert not list(tmp_path.rglob("root-password.sql")) and not [a for a in server.args if "init-file" in a]
+        assert secret not in "".join(p.read_text(errors="replace") for p in (tmp_path / flavour).glob("data/*bin*.0*"))
+        server.stop()
+        server.start()  # a later start logs in with it and runs nothing again
+        assert server.query("SELECT 1") == [(1,)]
+    finally:
+        stop.set()
+        server.stop()

@@ -162,8 +162,23 @@ def test_the_default_store_limit_leaves_a_quarter_of_the_disk_and_counts_what_is
     assert app.store_limit(LauncherConfig(), tmp_path) == 30 << 30
     (tmp_path / "nats" / "jetstream").mkdir(parents=True)
     (tmp_path / "nats" / "jetstream" / "blk").write_bytes(b"x" * (4 << 20))  # held: counted, never locked out
-    assert app.store_limit(LauncherConfig(), tmp_path) == (40 << 30) * 3 // 4 + (3 << 20)
-    assert app.store_limit(LauncherConfig(nats_cluster=3), tmp_path) == ((40 << 30) + (4 << 20)) * 3 // 4 // 3
+    assert app.store_limit(LauncherConfig(), tmp_path) == (40 << 30) * 3 // 4 + (4 << 20)
+    assert app.store_limit(LauncherConfig(nats_cluster=3), tmp_path) == ((40 << 30) * 3 // 4 + (4 << 20)) // 3
     nats = NatsServer(port=4222, store_dir=tmp_path, log_file=tmp_path / "log", proc=None, args=[])
     text = app.banner(LauncherConfig(), tmp_path, nats, "mysql://app@db:3306", max_store=20 << 30)
     assert "JetStream keeps up to 20.0 GiB (BINLAKE_NATS_MAX_STORE)" in text
+
+
+def test_a_planted_symlink_is_neither_read_nor_written_through(tmp_path: Path) -> None:
+    from services.launcher import login
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("known-password\n")
+    (tmp_path / "nats-users").mkdir()
+    login.password_file(tmp_path, "admin").symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match="is a symbolic link"):
+        login.password(tmp_path, "admin")
+    login.context_file(tmp_path).symlink_to(tmp_path / "outside.json")
+    with pytest.raises(ConfigError, match="is a symbolic link"):
+        login.write_private(login.context_file(tmp_path), "{}")
+    assert not (tmp_path / "outside.json").exists() and elsewhere.read_text() == "known-password\n"

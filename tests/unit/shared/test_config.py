@@ -231,7 +231,8 @@ def test_nats_settings_take_one_login_method_and_whole_pairs(tmp_path):
 
 
 @pytest.mark.parametrize(("key", "raw", "message"), [
-    ("BINLAKE_RAW_MAX_AGE_S", "-1", "BINLAKE_RAW_MAX_AGE_S must be 0 (no limit) or more"),
+    ("BINLAKE_RAW_MAX_AGE_S", "-1", "BINLAKE_RAW_MAX_AGE_S must be 0 (no limit) or at least 300"),
+    ("BINLAKE_DLQ_MAX_AGE_S", "60", "BINLAKE_DLQ_MAX_AGE_S must be 0 (no limit) or at least 300"),
     ("BINLAKE_CDC_MAX_BYTES", "0", "BINLAKE_CDC_MAX_BYTES must be -1 (no limit) or more than 0"),
     ("BINLAKE_DLQ_MAX_BYTES", "-5", "BINLAKE_DLQ_MAX_BYTES must be -1"),
 ])

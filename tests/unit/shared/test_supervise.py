@@ -37,3 +37,7 @@ async def test_a_full_store_is_waited_out_for_as_long_as_it_takes(monkeypatch: p
 
     await supervise_call(run, POLICY, structlog.get_logger())
     assert calls == 20
+
+
+def test_the_delay_stays_finite_however_long_a_wait_goes_on() -> None:
+    assert RestartPolicy().delay(10_000) == RestartPolicy().max_delay_s
