@@ -99,9 +99,12 @@ class PlainPeer:
     INFO = (b'INFO {"server_id":"fake","version":"2.10.0","proto":1,"tls_required":false,'
             b'"auth_required":true,"max_payload":1048576}\r\n')
 
-    def __init__(self) -> None:
+    def __init__(self, ours: str = "") -> None:
+        """`ours`: the client name of the test's own client; a connection that sends another name's
+        CONNECT (another test's service, reconnecting to the port it had) is not counted."""
         self.received = b""
         self.connections = 0
+        self._ours = ours
         self._server: asyncio.Server | None = None
 
     async def start(self, port: int = 0) -> int:
@@ -109,12 +112,16 @@ class PlainPeer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
         writer.write(self.INFO)
+        data = b""
         with contextlib.suppress(OSError, TimeoutError):
-            self.received += await asyncio.wait_for(reader.read(65536), 3)
+            data = await asyncio.wait_for(reader.read(65536), 3)
             writer.write(b"-ERR 'Unknown Protocol Operation'\r\n")  # as nats-server answers bytes it cannot parse
         writer.close()
+        if self._ours and data.startswith(b"CONNECT") and f'"name": "{self._ours}"'.encode() not in data:
+            return  # a freed port is reused: someone else's client, not the one under test
+        self.connections += 1
+        self.received += data
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -143,8 +150,8 @@ async def test_tls_first_a_plain_peer_never_sees_connect_on_a_reconnect(tmp_path
     conf = tmp_path / "tls.conf"
     conf.write_text(certs.nats_tls() + f'authorization {{ user: "u", password: "{SECRET}" }}\n')
     ns = start_nats(tmp_path / "nats", extra_args=["-c", str(conf)])
-    peer = PlainPeer()
-    nc = await connect(f"tls://127.0.0.1:{ns.port}", "t",
+    peer = PlainPeer(ours="tls-first-probe")
+    nc = await connect(f"tls://127.0.0.1:{ns.port}", "tls-first-probe",
                        auth=NatsSettings(nats_user="u", nats_password=SECRET, nats_tls_ca=str(certs.ca)))
     try:
         await nc.publish("before", b"hello")
