@@ -20,10 +20,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from shared import clients
-from shared.errors import BinlakeError, NatsUnavailable
+from shared.errors import BinlakeError, NatsUnavailable, StoreFull
 from shared.subjects import INBOX_PREFIX
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+NO_ROOM = "no_room"  # a reply's code: JetStream refused a write the service had to make for want of room
 MAX_IN_FLIGHT = 1024  # requests one subscription answers at once; more are refused as `unavailable`
 MAX_PER_CALLER = 64  # of those, what one caller (`serve`'s `caller`) may have: no client starves the others
 log = structlog.get_logger()
@@ -36,8 +37,10 @@ class RpcError(BinlakeError):
         super().__init__(message)
         self.code = code
         # The service could not answer because something it needs is away for a moment (meta,
-        # NATS during a leader election): the caller may retry, as after any bus error.
-        self.retriable = code == "unavailable"
+        # NATS during a leader election): the caller may retry, as after any bus error; or because
+        # JetStream has no room for what it had to write: the caller waits, as for its own writes.
+        self.retriable = code in ("unavailable", NO_ROOM)
+        self.waits = code == NO_ROOM
 
 
 class BadRequest(RpcError):
@@ -143,6 +146,8 @@ async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
             reply = {"ok": True, **(await handler(req))}
         except RpcError as exc:
             reply = {"ok": False, "code": exc.code, "error": str(exc)}
+        except StoreFull as exc:  # before BinlakeError: the caller waits for room, as for its own writes
+            reply = {"ok": False, "code": NO_ROOM, "error": str(exc)}
         except BinlakeError as exc:
             log.warning("rpc.failed", subject=msg.subject, error=repr(exc))
             reply = {"ok": False, "code": "unavailable" if exc.retriable else "failed", "error": str(exc)}

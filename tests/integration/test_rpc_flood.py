@@ -89,3 +89,28 @@ async def test_one_caller_cannot_take_the_bound_from_the_others(nats_url: str, m
     finally:
         await server.close()
         await client.close()
+
+
+async def test_a_service_that_finds_no_room_says_so_and_its_caller_waits(nats_url: str) -> None:
+    """A write JetStream refuses for want of room, inside a handler (meta's cursor put, say): the
+    reply's code is `no_room`, and the caller's error waits for room instead of using a restart budget."""
+    from shared.errors import StoreFull
+
+    async def full(req: dict[str, Any]) -> dict[str, Any]:
+        raise StoreFull("JetStream has no room for a write in cursor loader.main")
+
+    server, client = await nats.connect(nats_url), await nats.connect(nats_url)
+    try:
+        sub = await rpc.serve(server, "test.room", full)
+        await server.flush()
+        try:
+            await rpc.call(client, "test.room", {})
+        except rpc.RpcError as exc:
+            assert exc.code == rpc.NO_ROOM and "no room" in str(exc)
+            assert exc.retriable and exc.waits
+        else:
+            raise AssertionError("a handler that found no room answered ok")
+        await sub.unsubscribe()
+    finally:
+        await server.close()
+        await client.close()
