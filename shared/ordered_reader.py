@@ -27,8 +27,10 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.errors import NatsUnavailable
+from shared.subjects import subject_matcher
 
 STATUS = "Status"
+MSG_SIZE = "Nats-Msg-Size"  # on a headers-only delivery, instead of the body
 HEARTBEAT = "100"
 REQUEST_OVER = frozenset({"404", "408"})  # nothing (more) for this request: it is over
 BYTES_OVER = "Message Size Exceeds MaxBytes"  # a 409: the request's max_bytes are used up
@@ -48,6 +50,7 @@ class OrderedReader:
         self._api = js._prefix
         self._stream = stream
         self._subject = subject
+        self._on_filter = subject_matcher(subject)
         self.next_seq = max(1, start_seq)
         self._batch = batch
         self._headers_only = headers_only
@@ -153,11 +156,24 @@ class OrderedReader:
                 self.log.warning("reader.gap", expected=self._cseq + 1, next_seq=self.next_seq)
                 await self.close()
                 break
+            if not self._ours(m):
+                # Someone who may create consumers on this stream redefined ours (its name is in
+                # /jsz): never hand out what it now delivers; a consumer of a new name goes on.
+                self.log.error("reader.consumer_redefined", subject=m.subject[:200], filter=self._subject,
+                               next_seq=self.next_seq)
+                await self.close()
+                break
             self._cseq += 1
             self.next_seq = md.sequence.stream + 1
             self.pending = md.num_pending
             out.append(m)
         return out
+
+    def _ours(self, m: Msg) -> bool:
+        """A delivery this reader's consumer, as it created it, would make: on its subject filter,
+        with the body unless it asked for headers only."""
+        return self._on_filter(m.subject) and (
+            self._headers_only or MSG_SIZE not in (m.headers or {}))
 
     @property
     def drained(self) -> bool:

@@ -21,7 +21,7 @@ from nats.aio.subscription import Subscription
 
 from shared import clients
 from shared.errors import BinlakeError, NatsUnavailable, StoreFull
-from shared.subjects import INBOX_PREFIX
+from shared.subjects import INBOX_PREFIX, subject_matches
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 NO_ROOM = "no_room"  # a reply's code: JetStream refused a write the service had to make for want of room
@@ -102,17 +102,6 @@ def split_reply(reply: dict[str, Any], fields: tuple[str, ...], limit: int) -> l
 INBOX = re.compile(rf"(?:{INBOX_PREFIX}|_R_)\.[^\s*>]+")
 """A reply subject binlake answers: under `_INBOX` or a user's `_INBOX_<user>` (BINLAKE_NATS_INBOX), or
 `_R_`, nats-server's own reply subject for a request from another account (shared.permissions)."""
-
-
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS subject matching: `*` is one token, a last `>` one or more."""
-    want, have = pattern.split("."), subject.split(".")
-    for i, token in enumerate(want):
-        if token == ">":
-            return len(have) > i
-        if i >= len(have) or (token != "*" and token != have[i]):
-            return False
-    return len(want) == len(have)
 
 
 async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",

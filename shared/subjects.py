@@ -10,6 +10,7 @@ DDL that names no table).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 DEFAULT_PARTITIONS = 16
@@ -60,6 +61,26 @@ def fnv1a32(data: bytes) -> int:
     for b in data:
         h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
     return h
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` is one token, a last `>` one or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def subject_matcher(pattern: str) -> Callable[[str], bool]:
+    """`subject_matches` for one pattern, made once: a plain `a.b.>` is a prefix test (a reader
+    checks every message it gets)."""
+    head = pattern[:-1]
+    if pattern.endswith(".>") and "*" not in head and ">" not in head:
+        return lambda subject: subject.startswith(head) and len(subject) > len(head)
+    return lambda subject: subject_matches(pattern, subject)
 
 
 def kv_stream(bucket: str) -> str:

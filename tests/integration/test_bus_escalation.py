@@ -35,8 +35,8 @@ from shared.config import NatsSettings
 from shared.errors import NatsUnavailable
 from shared.jetstream import connect
 from shared.meta_client import MetaClient
-from shared.rpc import RpcError, subject_matches
-from shared.subjects import Names
+from shared.rpc import RpcError
+from shared.subjects import Names, subject_matches
 from tests.servers import NatsServer, start_nats
 
 NAMES = Names()

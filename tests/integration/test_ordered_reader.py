@@ -94,3 +94,42 @@ async def test_a_byte_budget_bounds_each_request_and_the_reader_goes_on(nc: Clie
         assert max(sizes) <= 2 * (nc.max_payload + 64 * 1024), sizes
     finally:
         await reader.close()
+
+
+@pytest.mark.parametrize("change", ["filter", "headers_only"])
+async def test_a_consumer_another_user_redefines_hands_out_nothing_foreign_and_skips_nothing(
+        nc: Client, change: str) -> None:
+    """Who may create consumers on a stream can redefine one whose name it learnt (`/jsz`): a new
+    filter, or headers only. The reader hands out none of what that consumer then delivers and
+    reads on through a consumer of a new name from where it was."""
+    js = nc.jetstream()
+    name, _ = await new_stream(nc)
+    mine, other = f"{name.lower()}.a", f"{name.lower()}.b"
+    for i in range(1, 4):
+        await js.publish(mine, str(i).encode())
+    reader = OrderedReader(js, name, mine, 1, batch=10)
+    try:
+        got = [int(m.data) for m in await reader.fetch(wait_s=2.0)]
+        assert got == [1, 2, 3]
+        victim = reader._consumer
+        assert victim is not None
+        cfg = (await js.consumer_info(name, victim)).config
+        cfg.name = victim
+        if change == "filter":
+            cfg.filter_subject = other
+        else:
+            cfg.headers_only = True
+        updated = await js.add_consumer(name, cfg)  # the same name: an update of the reader's consumer
+        assert updated.name == victim and (updated.config.filter_subject == other or updated.config.headers_only)
+        for i in range(4, 10):
+            await js.publish(other, f"foreign {i}".encode())
+            await js.publish(mine, str(i).encode())
+        deadline = time.monotonic() + 20
+        while len(got) < 9:
+            assert time.monotonic() < deadline, f"stalled at {got}"
+            for m in await reader.fetch(wait_s=1.0):
+                assert m.subject == mine and m.data and not m.data.startswith(b"foreign"), (m.subject, m.data)
+                got.append(int(m.data))
+        assert got == list(range(1, 10)) and reader._consumer != victim
+    finally:
+        await reader.close()

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from shared import permissions
-from shared.rpc import subject_matches
-from shared.subjects import Names
+from shared.subjects import Names, subject_matches
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = Names()

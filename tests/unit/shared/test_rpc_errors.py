@@ -6,6 +6,7 @@ import pytest
 
 from shared import rpc
 from shared.rpc import BadRequest, RpcError
+from shared.subjects import subject_matches
 
 
 def test_unavailable_is_retriable_and_refusals_are_not() -> None:
@@ -24,7 +25,7 @@ def test_unavailable_is_retriable_and_refusals_are_not() -> None:
     ("binlake.meta.>", "binlake.meta", False),
 ])
 def test_requests_count_only_on_the_served_subject(pattern: str, subject: str, matches: bool) -> None:
-    assert rpc.subject_matches(pattern, subject) is matches
+    assert subject_matches(pattern, subject) is matches
 
 
 @pytest.mark.parametrize(("reply", "answered"), [
