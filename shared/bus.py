@@ -91,8 +91,9 @@ def names_of(names: Names) -> list[str]:
 
 async def define_all(js: JetStreamContext, names: Names, partitions: int, replicas: int,
                      limits: Mapping[str, Limits]) -> list[str]:
-    """As the admin: every stream and bucket created, or brought up to this table and `limits`
-    (atomic batches, no rollups, object TTLs after their stream's age); their names."""
+    """As the admin: every stream and bucket created; of those that exist, the streams' `limits`
+    and atomic batches, the object buckets' TTL (after their stream's age) and the KV buckets'
+    rollups (off) brought up to date, a KV bucket's TTL and history kept as they are; their names."""
     await jetstream.ensure_streams(js, names, partitions, replicas, limits=limits, repair=True)
     for obj in OBJECT_BUCKETS:
         await objects.ensure_bucket(js, obj.name(names), stream(obj.follows).name(names), replicas=replicas,
