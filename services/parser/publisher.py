@@ -30,9 +30,10 @@ EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 class Publisher:
     def __init__(self, acks: AsyncPublisher, last_id: str | None, on_acked: Callable[[Outgoing | None, int], None],
                  *, window: int = 4000, window_bytes: int | None = None, ack_timeout_s: float = 15.0,
-                 put_object: Callable[[Outgoing], Awaitable[None]] | None = None, stream: str = "BINLAKE_RAW",
+                 put_object: Callable[[Outgoing], Awaitable[None]] | None = None, stream: str,
                  conditions: Conditions | None = None) -> None:
-        """`conditions`: where a full JetStream is reported (`/healthz`) until a publish is acked again."""
+        """`stream`: the stream it publishes to (BINLAKE_RAW's name); `conditions`: where a full
+        JetStream is reported (`/healthz`) until a publish is acked again."""
         self._acks = acks
         self._stream = stream
         self._conditions = conditions or Conditions()

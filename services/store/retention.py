@@ -3,15 +3,12 @@ objects bucket too: its objects live as long as the messages that name them, `sh
 
 from __future__ import annotations
 
-import dataclasses
-
-import nats.js.errors
 import structlog
 from nats.js import JetStreamContext
 from nats.js.api import StreamInfo
 
 from shared import jetstream, objects
-from shared.errors import NatsUnavailable
+from shared.errors import ConfigError, NatsUnavailable
 from shared.jetstream import nats_errors
 from shared.subjects import Names
 
@@ -34,32 +31,16 @@ async def apply_retention(js: JetStreamContext, names: Names, max_age_s: float, 
 
 async def _apply_to_stream(js: JetStreamContext, names: Names, max_age_s: float, max_bytes: int,
                            replicas: int = 1, *, must_apply: bool = True) -> StreamInfo:
-    """Create BINLAKE_CDC (with `replicas`) or update its age/bytes limits to the configured ones.
-
-    `must_apply=False`: a change of limits that the server refuses is logged, not raised.
-    """
+    """Create BINLAKE_CDC (with `replicas`) or bring its limits to the configured ones, as `binlake
+    init` does. `must_apply=False`: a change the server refuses (a per-service NATS user may not
+    change streams, `shared.permissions`) is logged, and the stream is taken as it is."""
     want = jetstream.cdc_stream_config(names, replicas=replicas, limits=(max_age_s, max_bytes))
-    with nats_errors(f"stream {names.cdc_stream}"):
-        try:
-            info = await js.stream_info(names.cdc_stream)
-        except nats.js.errors.NotFoundError:
-            try:
-                return await js.add_stream(want)
-            except nats.js.errors.BadRequestError:
-                # Another service created it a moment ago (with default limits): adjust it below.
-                info = await js.stream_info(names.cdc_stream)
-        have = info.config
-        if (have.max_age or 0) == (want.max_age or 0) and (have.max_bytes or -1) == want.max_bytes:
-            return info
-        updated = dataclasses.replace(have, max_age=want.max_age, max_bytes=want.max_bytes)
-        log.info("store.retention", max_age_s=max_age_s, max_bytes=max_bytes)
     try:
-        with nats_errors(f"stream {names.cdc_stream}"):
-            return await js.update_stream(updated)
-    except NatsUnavailable as exc:
+        return await jetstream.ensure_stream(js, want, repair=True)
+    except (NatsUnavailable, ConfigError) as exc:
         if must_apply:
             raise
-        # A per-service NATS user may not change streams (shared/permissions.py); the admin does.
         log.error("store.retention_not_applied", reason=str(exc), max_age_s=max_age_s, max_bytes=max_bytes,
                   fix="run `binlake init` as NATS admin with the same BINLAKE_CDC_MAX_AGE_S / _MAX_BYTES")
-        return info
+    with nats_errors(f"stream {names.cdc_stream}"):
+        return await js.stream_info(names.cdc_stream)
