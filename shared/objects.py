@@ -111,6 +111,19 @@ def referring(env: Mapping[str, Any], ref: Ref) -> dict[str, Any]:
     return {**{k: v for k, v in env.items() if k in KEPT}, "v": VERSION, "rows": [], REF: ref.to_dict()}
 
 
+def resolved_size(data: bytes) -> int:
+    """The bytes a reader holds for this message once it has resolved it (`resolve`): the object's
+    size for a reference envelope, its own size otherwise. A malformed reference counts as itself:
+    resolving it is what refuses it, with the reason."""
+    if not maybe_reference(data):
+        return len(data)
+    try:
+        ref = Ref.of(envelope.decode(data))
+    except envelope.EnvelopeError:
+        return len(data)
+    return len(data) if ref is None else max(ref.size, len(data))
+
+
 def maybe_reference(data: bytes) -> bool:
     """Cheap pre-check: False means `data` is certainly no reference envelope."""
     return _REF_KEY in data

@@ -92,7 +92,8 @@ class StoreClient:
 
     async def get(self, max_rows: int = 1000, max_wait: float = 1.0, max_bytes: int | None = None) -> Batch:
         """The next batch: at most `max_rows` rows, and at most `max_bytes` of events when given
-        (at least one event; an event larger than a message, fetched from its object, comes alone)."""
+        (at least one event; up to 4 times that to end on a transaction boundary), an event larger
+        than a message counted by its object's size, since it is fetched here."""
         req: dict[str, Any] = {"client": self.client, "max_rows": max_rows, "max_wait": max_wait}
         if max_bytes is not None:
             req["max_bytes"] = max_bytes

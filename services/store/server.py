@@ -238,12 +238,13 @@ class StoreServer:
         """Events after `state.delivered` for this client: (envelopes, their CDC sequences, rows, the
         last sequence the batch covers, whether it ends inside a source transaction).
 
-        A batch ends at `max_rows` rows, once its events hold `max_bytes` (at least one event), or
-        after an object reference (a message too large for NATS, `shared.objects`: the client
-        fetches the object, and one per batch bounds what it holds); then at the last place where
-        no source transaction is open (`batches.OpenTxns`). To get there it may grow past
-        `max_rows` and up to EXTEND times `max_bytes`; transactions larger than that, or one still
-        incomplete after STUCK_S (a halted partition), are handed out in parts, marked `partial`.
+        A batch ends at `max_rows` rows or once its events hold `max_bytes` (at least one event),
+        then at the last place where no source transaction is open (`batches.OpenTxns`). To get
+        there it may grow past `max_rows` and up to EXTEND times `max_bytes`; transactions larger
+        than that, or one still incomplete after STUCK_S (a halted partition), are handed out in
+        parts, marked `partial`. An object reference (a message too large for NATS) counts by its
+        object's size (`objects.resolved_size`): the client fetches every object of its batch, so
+        that is what it holds, while the store itself only ever holds the small references.
         """
         await self._sweep()
         pos = self._positions.get(state.client)
@@ -261,7 +262,7 @@ class StoreServer:
         pending: list[tuple[Msg, bool]] = []  # read since then, and whether each goes to this client
         pending_rows = pending_size = held = 0  # `held`: bytes of everything pending, wanted or not
         open_txns = batches.OpenTxns()
-        full = False  # a limit is reached (or an object came): only open transactions may go on
+        full = False  # a limit is reached: only open transactions may go on
         taken = end = state.delivered
         deadline = time.monotonic() + max_wait
         while True:
@@ -279,8 +280,13 @@ class StoreServer:
                 continue
             m = pos.buffer[0]
             headers = m.headers or {}
-            if full and objects.HEADER in headers:
-                break  # not a second object to close a transaction
+            parts = m.subject.split(".")
+            wanted = batches.wanted((unescape_token(parts[-2]), unescape_token(parts[-1]))
+                                    if parts[-2] != "$binlake" else ("$binlake", parts[-1]), headers, state, pattern)
+            cost = objects.resolved_size(m.data) if wanted else len(m.data)
+            if (events or pending) and held + size + cost > EXTEND * max_bytes:
+                full = True  # not past what a batch may grow to (an object can be as large as a batch)
+                break
             pos.buffer.popleft()
             seq = m.metadata.sequence.stream
             # One source per prefix: the source's subjects are the whole stream, so its sequences
@@ -292,17 +298,13 @@ class StoreServer:
                 self._positions.pop(state.client, None)
                 raise batches.RetentionGap(state.client, end + 1, seq, self._names.cdc_stream)
             end = seq
-            parts = m.subject.split(".")
-            wanted = batches.wanted((unescape_token(parts[-2]), unescape_token(parts[-1]))
-                                    if parts[-2] != "$binlake" else ("$binlake", parts[-1]), headers, state, pattern)
             tag = envelope.txn_tag(headers)
             open_txns.add(None if tag is None or tag[0] in pos.split else tag)
             pending.append((m, wanted))
-            held += len(m.data)
+            held += cost
             if wanted:
-                pending_size += len(m.data)
+                pending_size += cost
                 pending_rows += int(headers.get("Binlake-Rows", 0))
-                full = full or objects.HEADER in headers
             if not open_txns:  # a transaction boundary: what is pending belongs to the batch
                 for pm, pw in pending:
                     if pw:

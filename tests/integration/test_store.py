@@ -9,6 +9,7 @@ BINLAKE_CDC for its filter: same events, same order, each exactly once.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import threading
 import time
@@ -859,3 +860,45 @@ async def test_batches_hold_whole_source_transactions(services: Stack, parser_fa
     assert len(by_txn) == 80 and all(len(ids) == 1 for ids in by_txn.values()), "a transaction split across batches"
     assert sorted(ids_of(events_of(got))) == sorted([n for n in range(1, 81) for _ in range(3)])
     assert all(e["table"] != "hidden" for e in events_of(got))
+
+
+def blob(key: int, size: int) -> bytes:
+    """What `SUBSTRING(REPEAT(SHA2('<key>', 256), ...), 1, size)` makes: bytes that differ along the value."""
+    digest = hashlib.sha256(str(key).encode()).hexdigest().encode()
+    return (digest * (size // len(digest) + 1))[:size]
+
+
+async def test_a_transaction_of_rows_larger_than_a_message_comes_whole(stack: Stack) -> None:
+    """An UPDATE of two LONGBLOB rows, each row larger than NATS's max_payload (so each travels as an
+    object): a client gets the transaction in one batch, byte-exact, also when it is larger than the
+    client's `max_bytes` (a batch may grow to 4 times that to end on a transaction boundary); a
+    transaction larger than 4 times `max_bytes` is handed out in parts, as documented."""
+    db, size = stack.db, 3 * 1024 * 1024
+    await stack.sql(f"CREATE TABLE `{db}`.blobs (id INT PRIMARY KEY, b LONGBLOB, note VARCHAR(20))",
+                    *(f"INSERT INTO `{db}`.blobs VALUES ({k}, SUBSTRING(REPEAT(SHA2('{k}', 256), {size // 64 + 1}), "
+                      f"1, {size}), 'n{k}')" for k in (1, 2)),
+                    f"UPDATE `{db}`.blobs SET note = 'changed'")
+    cdc = await stack.wait_cdc(4, "blobs", timeout=120)
+    update_txn = next(m.env["txn"]["id"] for m in cdc if m.env["op"] == "u")
+    refs = [m for m in await read_stream(stack.nats_url, "BINLAKE_CDC", resolve=False)
+            if m.env.get("db") == db and "Binlake-Object" in m.headers]
+    assert len(refs) == 4, "every row of the test travels as an object"
+    txn_bytes = sum(m.env["ref"]["size"] for m in refs if m.env["txn"]["id"] == update_txn)
+
+    for name, max_bytes in (("default", None), ("grown", txn_bytes // 3)):
+        c = stack.client(name)
+        await c.subscribe(filter=stack.table_filter("blobs"))
+        got = await drain(c, max_bytes=max_bytes)
+        assert not any(b.partial for b in got), name
+        updates = [b for b in got if any(e["op"] == "u" for e in b.events)]
+        assert len(updates) == 1, f"{name}: the UPDATE came in {len(updates)} batches"
+        rows = [r for e in updates[0].events if e["txn"]["id"] == update_txn for r in e["rows"]]
+        assert sorted((r["after"]["id"], r["after"]["note"],
+                       r["after"]["b"] == r["before"]["b"] == blob(r["after"]["id"], size)) for r in rows) == [
+            (1, "changed", True), (2, "changed", True)], name
+
+    small = stack.client("small")
+    await small.subscribe(filter=stack.table_filter("blobs"))
+    parts = [b for b in await drain(small, max_bytes=txn_bytes // 5) if any(e["op"] == "u" for e in b.events)]
+    assert len(parts) == 2 and parts[0].partial, "a transaction larger than a batch may grow comes in parts"
+    assert sorted(r["after"]["id"] for b in parts for e in b.events if e["op"] == "u" for r in e["rows"]) == [1, 2]

@@ -59,3 +59,14 @@ def test_an_old_reader_refuses_a_reference_instead_of_reading_no_rows():
     with pytest.raises(envelope.EnvelopeError, match="version 2"):
         envelope.decode(envelope.encode({k: v for k, v in ref_env.items() if k != "ref"}))
     assert objects.maybe_reference(envelope.encode(ref_env)) and not objects.maybe_reference(envelope.encode(ENV))
+
+
+def test_a_reference_counts_by_the_size_of_its_object_and_anything_else_by_its_own():
+    big = {**ENV, "rows": [{"after": {"id": 1, "b": b"x" * 3_000_000}}]}
+    data = envelope.encode(big)
+    ref_data = envelope.encode(objects.reference(big, data, "b", "main:7"))
+    assert objects.resolved_size(ref_data) == len(data) and len(ref_data) < 1000
+    plain = envelope.encode(ENV)
+    assert objects.resolved_size(plain) == len(plain)
+    bad = b"\xa3ref not msgpack"
+    assert objects.resolved_size(bad) == len(bad)  # a malformed one: its reader refuses it
