@@ -418,12 +418,13 @@ def test_columns_a_sink_rule_drops_never_reach_the_lake(mariadb, database, nats_
 
 @pytest.mark.timeout(900)
 def test_rows_larger_than_a_message_land_in_the_lake_byte_exact_while_other_tables_flow(stack):
-    """2 MiB and 64 MiB LONGBLOBs go through the object buckets; the small tables never wait for them."""
+    """2 MiB and 64 MiB LONGBLOBs go through the object buckets; the small tables never wait for them,
+    and a transaction of two 2 MiB rows (each an object) is committed whole."""
     db = stack.db
     stack.mariadb.execute(f"CREATE TABLE `{db}`.blobs (id INT PRIMARY KEY, b LONGBLOB, note VARCHAR(20))",
                           f"CREATE TABLE `{db}`.small (id INT PRIMARY KEY, v INT)")
     stack.start_loader()
-    sizes = {1: 2 * 1024 * 1024, 2: 64 * 1024 * 1024, 3: 10}
+    sizes = {1: 2 * 1024 * 1024, 2: 64 * 1024 * 1024, 3: 10, 4: 2 * 1024 * 1024}
     small = 0
     for key, size in sizes.items():
         # Bytes that differ along the value, so a chunk out of place or missing shows.
@@ -432,11 +433,14 @@ def test_rows_larger_than_a_message_land_in_the_lake_byte_exact_while_other_tabl
             f"{size}), 'n{key}')",
             f"INSERT INTO `{db}`.small VALUES " + ", ".join(f"({small + i}, {i})" for i in range(50)))
         small += 50
-    stack.mariadb.execute(f"UPDATE `{db}`.blobs SET note = 'changed' WHERE id = 1")  # a 2 MiB before and after
-    cdc = stack.wait_cdc(3 + small + 1, timeout=300)
+    # One transaction of two rows, each a 2 MiB before and after: two objects
+    stack.mariadb.execute(f"UPDATE `{db}`.blobs SET note = 'changed' WHERE id IN (1, 4)")
+    cdc = stack.wait_cdc(len(sizes) + small + 2, timeout=300)
     refs = [m for m in read_stream_sync(stack.nats_url, "BINLAKE_CDC", resolve=False) if "Binlake-Object" in m.headers]
-    assert len(refs) == 3 and all(m.env["ref"]["bucket"] == "binlake_cdc_objects" for m in refs)
+    assert len(refs) == 5 and all(m.env["ref"]["bucket"] == "binlake_cdc_objects" for m in refs)
     stack.wait_loaded(max(m.seq for m in cdc))
+    first, last = (m.seq for m in cdc if m.env["op"] == "u")
+    assert not [seq for seq in commits(stack.loader) if first <= seq < last], "the UPDATE was committed in parts"
     stack.wait_merged(["blobs", "small"])
     for table in ("blobs", "small"):
         assert_cells_equal(stack, table)
