@@ -26,6 +26,8 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from services.launcher.processes import ServiceProcess
+from services.store.config import StoreConfig
+from services.store.server import EXTEND
 from shared import envelope
 from shared.errors import NatsUnavailable
 from shared.meta_client import MetaClient
@@ -38,6 +40,7 @@ from tests.servers import MariaDB, NatsServer
 
 T = TypeVar("T")
 MAX_BATCH_ROWS = 100_000  # the store's default limit
+DEFAULT_BATCH_BYTES = StoreConfig.max_batch_bytes
 
 
 @dataclass
@@ -862,6 +865,11 @@ async def test_batches_hold_whole_source_transactions(services: Stack, parser_fa
     assert all(e["table"] != "hidden" for e in events_of(got))
 
 
+def held(b: Batch) -> int:
+    """The bytes of a batch's events as its client holds them (objects fetched)."""
+    return sum(len(e) for e in b.raw)
+
+
 def blob(key: int, size: int) -> bytes:
     """What `SUBSTRING(REPEAT(SHA2('<key>', 256), ...), 1, size)` makes: bytes that differ along the value."""
     digest = hashlib.sha256(str(key).encode()).hexdigest().encode()
@@ -890,6 +898,7 @@ async def test_a_transaction_of_rows_larger_than_a_message_comes_whole(stack: St
         await c.subscribe(filter=stack.table_filter("blobs"))
         got = await drain(c, max_bytes=max_bytes)
         assert not any(b.partial for b in got), name
+        assert all(held(b) <= EXTEND * (max_bytes or DEFAULT_BATCH_BYTES) for b in got), name
         updates = [b for b in got if any(e["op"] == "u" for e in b.events)]
         assert len(updates) == 1, f"{name}: the UPDATE came in {len(updates)} batches"
         rows = [r for e in updates[0].events if e["txn"]["id"] == update_txn for r in e["rows"]]
@@ -899,6 +908,8 @@ async def test_a_transaction_of_rows_larger_than_a_message_comes_whole(stack: St
 
     small = stack.client("small")
     await small.subscribe(filter=stack.table_filter("blobs"))
-    parts = [b for b in await drain(small, max_bytes=txn_bytes // 5) if any(e["op"] == "u" for e in b.events)]
+    got = await drain(small, max_bytes=txn_bytes // 5)
+    assert all(held(b) <= EXTEND * (txn_bytes // 5) or len(b.raw) == 1 for b in got), "bounded, but for one event"
+    parts = [b for b in got if any(e["op"] == "u" for e in b.events)]
     assert len(parts) == 2 and parts[0].partial, "a transaction larger than a batch may grow comes in parts"
     assert sorted(r["after"]["id"] for b in parts for e in b.events if e["op"] == "u" for r in e["rows"]) == [1, 2]
