@@ -116,8 +116,12 @@ class PartitionWorker:
                              conditions=self._conditions)
         self.log.info("partition.start", cursor=self._cursor, atomic_batches=fence.atomic)
         try:
+            opens = 0
             while True:
                 msgs = await reader.fetch(wait_s=0.5)
+                if reader.opens != opens:  # a new consumer: it may be on a stream defined again since
+                    self._check_stream(await jetstream.stream_identity(self._js, self._names.raw_stream))
+                    opens = reader.opens
                 if msgs:
                     await self._handle(msgs, fence)
                 self._lag.set(reader.pending, partition=self._p)

@@ -321,3 +321,20 @@ async def _define_raw_again(nats_url: str) -> None:
         await jetstream.ensure_stream(js, jetstream.raw_stream_config(Names(), DEFAULT_PARTITIONS))
     finally:
         await nc.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_running_sink_halts_the_partitions_of_a_raw_stream_defined_under_it(mariadb, database, parser,
+                                                                               sink_factory, nats_url):
+    db = database
+    mariadb.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY)",
+                    *(f"INSERT INTO `{db}`.t VALUES ({i})" for i in range(1, 21)))
+    a = sink_factory("a", BINLAKE_CURSOR_INTERVAL_S="0.2")
+    wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) >= 20, 60, "20 rows in CDC")
+    asyncio.run(_define_raw_again(nats_url))  # the parser and the sink keep running
+    mariadb.execute(*(f"INSERT INTO `{db}`.t VALUES ({i})" for i in range(21, 26)))
+    wait_until(lambda: count_rows(read_stream_sync(nats_url), db) >= 5, 60, "5 new rows in the new RAW")
+    wait_until(lambda: '"partition.stream_redefined"' in a.output, 60, "the partitions to halt")
+    time.sleep(2)
+    assert count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) == 20, "the new stream's rows were published"
+    assert a.running  # halted partitions, not a crashed worker
