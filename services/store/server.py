@@ -45,6 +45,7 @@ class _Position:
     """A client's prefetched read position (a cache; meta is the truth)."""
 
     reader: OrderedReader
+    stream: str  # the identity of the BINLAKE_CDC it reads
     buffer: deque[Msg] = field(default_factory=deque)
     used: float = field(default_factory=time.monotonic)
     stuck: float | None = None  # since when gets found only incomplete transactions
@@ -210,7 +211,7 @@ class StoreServer:
             await self._check_stream(state)
             events, seqs, rows, end, partial = await self._read(state, max_rows, max_wait, max_bytes)
             if end == state.delivered:
-                return {"batch_id": None, "events": [], "seqs": [], "rows": 0}
+                return {"batch_id": None, "events": [], "seqs": [], "rows": 0, "stream_id": state.stream}
             if not events and not state.batches:
                 new = ClientState(state.client, state.filter, end, end, (), state.min_ts, state.min_scn, state.epoch,
                                   state.stream)
@@ -221,7 +222,8 @@ class StoreServer:
             if batch_id is not None:
                 self._batches.inc()
                 self._rows.inc(rows)
-            reply: dict[str, Any] = {"batch_id": batch_id, "events": events, "seqs": seqs, "rows": rows}
+            reply: dict[str, Any] = {"batch_id": batch_id, "events": events, "seqs": seqs, "rows": rows,
+                                     "stream_id": state.stream}
             if partial:
                 reply["partial"] = True  # it ends inside a source transaction
             return reply
@@ -263,12 +265,13 @@ class StoreServer:
         """
         await self._sweep()
         pos = self._positions.get(state.client)
-        if pos is None or pos.next_seq != state.delivered + 1:
+        if pos is None or pos.next_seq != state.delivered + 1 or pos.stream != state.stream:
             if pos is not None:
                 await pos.reader.close()
             reader = OrderedReader(self._js, self._names.cdc_stream, self._names.cdc_source_filter(self._source),
                                    state.delivered + 1, FETCH, max_bytes=self._prefetch_bytes)
-            pos = self._positions[state.client] = _Position(reader)
+            pos = self._positions[state.client] = _Position(reader, state.stream)
+        opens = pos.reader.opens
         pos.used = time.monotonic()
         pattern = batches.compile_filter(state.filter)
         events: list[bytes] = []  # the batch so far: up to the last place where no transaction is open
@@ -349,6 +352,8 @@ class StoreServer:
             pos.buffer.extendleft(pm for pm, _ in reversed(pending))
         if taken > state.delivered:
             pos.stuck = None
+        if pos.reader.opens > max(opens, 1):  # a consumer made during this get may read a stream defined again
+            await self._check_stream(state)
         return events, seqs, rows, taken, partial
 
     async def ack(self, req: dict[str, Any]) -> dict[str, Any]:
