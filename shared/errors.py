@@ -16,6 +16,7 @@ BinlakeError                      retriable = False
     ├── DecodeError               a binlog event that cannot be decoded exactly
     ├── OversizeEvent             one row does not fit into a message
     ├── StreamMismatch            a JetStream stream exists with an incompatible definition
+    ├── StreamRedefined           a stream a reader has a cursor in was defined again (or is behind it)
     ├── LeaseLost                 another instance owns the lease now
     └── ForeignValue              a KV value binlake did not write (e.g. a server reply relayed into it)
 ```
@@ -100,6 +101,11 @@ class OversizeEvent(FatalError):
 
 class StreamMismatch(FatalError):
     """A JetStream stream exists with a definition binlake cannot use."""
+
+
+class StreamRedefined(FatalError):
+    """A stream a reader keeps a cursor in was deleted and defined again (its sequences restarted), or
+    ends before the cursor: reading on would skip or misread messages, so the reader halts."""
 
 
 class LeaseLost(FatalError):

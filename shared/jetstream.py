@@ -29,7 +29,7 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
-from shared.errors import ConfigError, NatsUnavailable, StoreFull, StreamMismatch
+from shared.errors import ConfigError, NatsUnavailable, StoreFull, StreamMismatch, StreamRedefined
 from shared.logging import redact
 from shared.nats_client import Client
 from shared.subjects import STREAMS, Names, kv_stream, kv_subject
@@ -291,6 +291,43 @@ async def allows_atomic(js: JetStreamContext, stream: str) -> bool:
     with nats_errors(f"stream {stream}"):
         info = await js.stream_info(stream)
     return bool(info.config.allow_atomic)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamIdentity:
+    """Which definition of a stream a cursor's sequences belong to, and how far that stream reaches.
+
+    `id` is the stream's creation time as the server reports it: a stream deleted and defined
+    again (an operator's reset, a lost volume and `binlake init`) gets a new one, and its
+    sequences start at 1 again. Every cursor into a stream records the `id` it counts in.
+    """
+
+    id: str
+    first_seq: int
+    last_seq: int
+
+    def check(self, stream: str, recorded: str, cursor: int, reader: str, resume: str) -> None:
+        """StreamRedefined when a cursor at `cursor`, counted in stream definition `recorded`, cannot go on
+        here: the stream was defined again, or it ends before the cursor. `resume`: the operator's way on."""
+        if recorded and recorded != self.id:
+            why = (f"{stream} was deleted and defined again (created {self.id}; {reader} counted its position "
+                   f"{cursor} in the stream created {recorded}): its sequences started again at 1")
+        elif cursor > self.last_seq:
+            why = (f"{stream} ends at sequence {self.last_seq}, before {reader}'s position {cursor} (messages "
+                   "were lost, or the stream was defined again)")
+        else:
+            return
+        raise StreamRedefined(f"{why}. Going on would skip or misread messages, so {reader} stops. Changes "
+                              f"published in between may be lost to it: snapshot the affected tables again "
+                              f"(binlake snapshot) if needed, then resume deliberately: {resume}")
+
+
+async def stream_identity(js: JetStreamContext, stream: str) -> StreamIdentity:
+    """The current definition of `stream` (NatsUnavailable when it cannot be asked)."""
+    with nats_errors(f"stream {stream}"):
+        info = await js.stream_info(stream)
+    created = info.created.isoformat() if info.created is not None else ""
+    return StreamIdentity(created, int(info.state.first_seq), int(info.state.last_seq))
 
 
 async def ensure_streams(js: JetStreamContext, names: Names, partitions: int, replicas: int = 1, *,

@@ -88,6 +88,11 @@ def partition_cursor(source: str, partition: int) -> str:
     return f"sink.{source}.p{partition}"
 
 
+def partition_cursors(source: str) -> str:
+    """The KV key filter of every sink partition cursor of a source."""
+    return f"sink.{source}.*"
+
+
 def clients_prefix(source: str) -> str:
     return f"client.{source}."
 

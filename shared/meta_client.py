@@ -65,8 +65,11 @@ class MetaClient:
                                         "ddl": ddl, "ts": ts})
 
     async def rewind(self, source: str, client: str, *, timestamp_ms: int | None = None,
-                     position: str | None = None, gtid: str | None = None) -> dict[str, Any]:
+                     position: str | None = None, gtid: str | None = None, start: bool = False) -> dict[str, Any]:
+        """Move a client back (or on) to one point; `start`: to the first message BINLAKE_CDC holds."""
         req: dict[str, Any] = {"source": source, "client": client}
+        if start:
+            req["start"] = True
         if timestamp_ms is not None:
             req["timestamp"] = timestamp_ms
         if position is not None:

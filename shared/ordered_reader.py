@@ -64,6 +64,7 @@ class OrderedReader:
         self._requests: deque[list[float]] = deque()  # [messages still due, monotonic end] per pull request
         self._cseq = 0
         self.pending = 0
+        self.opens = 0  # consumers created so far: a stream defined again shows only as one more
         self.log = structlog.get_logger().bind(actor="reader", subject=subject)
 
     async def _open(self) -> None:
@@ -75,6 +76,7 @@ class OrderedReader:
         )
         try:
             info = await self._js.add_consumer(self._stream, cfg)
+            self.opens += 1
             self._consumer = info.name  # known before the subscription, so close() deletes it on failure
             self._inbox = self._nc.new_inbox()
             self._inbox_sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)

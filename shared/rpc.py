@@ -24,6 +24,7 @@ from shared.errors import BinlakeError, NatsUnavailable, StoreFull
 from shared.subjects import INBOX_PREFIX, subject_matches
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+STREAM_REDEFINED = "stream_redefined"  # a reply's code: the stream a cursor counts in was defined again
 NO_ROOM = "no_room"  # a reply's code: JetStream refused a write the service had to make for want of room
 MAX_IN_FLIGHT = 1024  # requests one subscription answers at once; more are refused as `unavailable`
 MAX_PER_CALLER = 64  # of those, what one caller (`serve`'s `caller`) may have: no client starves the others

@@ -25,8 +25,8 @@ from typing import Any
 from nats.aio.client import Client as NATS
 
 from shared import clients, envelope, jetstream, objects
-from shared.errors import ConfigError
-from shared.rpc import call, call_parts
+from shared.errors import ConfigError, StreamRedefined
+from shared.rpc import STREAM_REDEFINED, RpcError, call, call_parts
 from shared.subjects import Names
 
 
@@ -39,6 +39,7 @@ class Batch:
     rows: int
     seqs: list[int]  # the BINLAKE_CDC sequence of each event
     partial: bool = False  # it ends inside a source transaction (one too large for a batch, or stuck)
+    stream: str = ""  # the identity of the BINLAKE_CDC `seqs` count in (`shared.jetstream.StreamIdentity`)
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -93,18 +94,24 @@ class StoreClient:
     async def get(self, max_rows: int = 1000, max_wait: float = 1.0, max_bytes: int | None = None) -> Batch:
         """The next batch: at most `max_rows` rows, and at most `max_bytes` of events when given
         (at least one event; up to 4 times that to end on a transaction boundary), an event larger
-        than a message counted by its object's size, since it is fetched here."""
+        than a message counted by its object's size, since it is fetched here.
+        StreamRedefined when BINLAKE_CDC was defined again since the client's position."""
         req: dict[str, Any] = {"client": self.client, "max_rows": max_rows, "max_wait": max_wait}
         if max_bytes is not None:
             req["max_bytes"] = max_bytes
-        reply = await call_parts(self._nc, self._names.store_client_rpc(self._source, "get", self.client), req,
-                                 ("events", "seqs"), timeout=self._timeout + max_wait)
+        try:
+            reply = await call_parts(self._nc, self._names.store_client_rpc(self._source, "get", self.client), req,
+                                     ("events", "seqs"), timeout=self._timeout + max_wait)
+        except RpcError as exc:
+            if exc.code == STREAM_REDEFINED:
+                raise StreamRedefined(str(exc)) from None
+            raise
         raw = list(reply.get("events") or [])
         for i, data in enumerate(raw):
             if objects.maybe_reference(data):
                 raw[i] = await objects.resolve(self._js, data, self._names.cdc_objects_bucket)
         return Batch(reply.get("batch_id"), raw, int(reply.get("rows", 0)), [int(s) for s in reply.get("seqs") or []],
-                     bool(reply.get("partial")))
+                     bool(reply.get("partial")), str(reply.get("stream_id") or ""))
 
     async def ack(self, batch_id: int) -> int:
         return int((await self._call("ack", {"batch_id": batch_id}))["acked"])

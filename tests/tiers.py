@@ -15,7 +15,7 @@ from pathlib import PurePath
 TIERS = ("heavy", "system", "component", "unit")  # also the run order after the costly modules
 
 _SYSTEM = {"test_loader", "test_hostile_names", "test_service_users", "test_up", "test_memory", "test_snapshot",
-           "test_sink_rules"}
+           "test_sink_rules", "test_stream_identity"}
 _HEAVY = {"test_compose_stack", "test_nats_cluster", "test_spark_cluster", "test_failover"}
 
 

@@ -36,7 +36,15 @@ from services.loader import frames, schema_change
 from services.loader.frames import Ddl, Rows
 from services.loader.iceberg import Iceberg, Marker
 from services.loader.merges import Fold, live_sql, merge_sql
-from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, RENAMES_TABLE, TableNames, quote, source_of
+from services.loader.naming import (
+    BOOK_NAMESPACE,
+    COMMITS_TABLE,
+    RENAMES_TABLE,
+    STREAMS_TABLE,
+    TableNames,
+    quote,
+    source_of,
+)
 from services.loader.tables import LakeTable, arrow_to_spark
 
 
@@ -57,6 +65,8 @@ class Lake:
     views: bool = False  # publish `__live` views (catalogs that store views: REST, JDBC, Nessie)
     clock: Callable[[], float] = time.monotonic
     committed: int = 0  # the last batch every touched table committed (from the commits table)
+    # BINLAKE_CDC identity -> what its sequences add up to lake sequences (the lake's own stay increasing)
+    bases: dict[str, int] = field(default_factory=dict)
     resnapshot: list[tuple[str, str, str]] = field(default_factory=list)  # (db, table, why) to re-read
 
     def __post_init__(self) -> None:
@@ -76,8 +86,15 @@ class Lake:
 
     # -- start-up ------------------------------------------------------------------------------
 
+    @property
+    def streams(self) -> str:
+        return f"{quote(self.catalog)}.{quote(BOOK_NAMESPACE)}.{quote(STREAMS_TABLE)}"
+
     def open(self) -> int:
         self.ice.create_namespace(BOOK_NAMESPACE)
+        self.ice.create(self.streams, {"stream": "string", "base": "bigint"}, {})
+        for r in self.spark.sql(f"SELECT stream, base FROM {self.streams}").collect():
+            self.bases[str(r[0])] = int(r[1])
         self.ice.create(self.commits, {"seq": "bigint", "committed_at": "timestamp", "tables": "int",
                                        "rows": "bigint"}, {})
         self.ice.create(self.renames, {"old_db": "string", "old_table": "string", "new_db": "string",
@@ -92,6 +109,19 @@ class Lake:
                 if found is not None and found[2] == "changelog":
                     self.table(found[0], found[1])
         return self.committed
+
+    def adopt_stream(self, stream: str) -> int:
+        """The base of BINLAKE_CDC definition `stream`, the lake's last batch when it first loads from it.
+
+        The store hands out batches of a stream defined again only after an operator resumed the
+        loader on it (`binlake rewind ... --to-start`): its sequences restart at 1, and continue the
+        lake's own sequence from where it stands."""
+        if stream not in self.bases:
+            self.spark.sql(f"INSERT INTO {self.streams} VALUES ({_sql_str(stream)}, {self.committed})")
+            self.bases[stream] = self.committed
+            if self.committed:
+                self.log.warning("lake.cdc_stream_changed", stream=stream, base=self.committed)
+        return self.bases[stream]
 
     def table(self, db: str, name: str) -> LakeTable | None:
         """The lake table of a source table (None before its first change)."""

@@ -4,7 +4,8 @@ Loop: get a batch, read ahead while a RENAME TABLE has only one half in it, writ
 (every table's changelog append, merges that are due), ack its batches in order. Spark runs
 in a worker thread so the event loop stays free for NATS; the next batch is decoded into
 Arrow meanwhile (`ReadAhead`). A crash anywhere redelivers from
-the last ack; the lake's per-table markers skip what it already holds.
+the last ack; the lake's per-table markers skip what it already holds. Lake sequences are
+CDC sequences from a base per BINLAKE_CDC definition (`Lake.adopt_stream`); acks name CDC ones.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from services.loader.read_ahead import Fetched, ReadAhead
 from shared import bus, jetstream, keys
 from shared import snapshots as snap
 from shared.metrics import Registry
-from shared.store_client import Batch, StoreClient
+from shared.store_client import StoreClient
 from shared.subjects import Names
 
 
@@ -41,7 +42,8 @@ class Loader:
         self._js = js
         self._rows = registry.counter("loader_rows_total", "Row changes committed to the lake")
         self._batches = registry.counter("loader_batches_total", "Batches committed to the lake")
-        self._committed = registry.gauge("loader_committed_seq", "Last BINLAKE_CDC sequence in the lake")
+        self._committed = registry.gauge("loader_committed_seq",
+                                         "Last lake sequence committed (BINLAKE_CDC sequence + its stream's base)")
         self._seconds = registry.gauge("loader_last_batch_seconds", "Time to write and commit the last batch")
         self.log = structlog.get_logger().bind(actor="loader")
 
@@ -51,20 +53,20 @@ class Loader:
         acked = await self._client.subscribe(filter=self._cfg.filter, start="earliest")
         self.log.info("loader.start", committed=committed, acked=acked)
         reader = ReadAhead(self._client, self._cfg.batch_rows, self._cfg.flush_s, lambda: self._lake.committed,
-                           max_bytes=self._cfg.batch_bytes)
+                           self._lake.bases, max_bytes=self._cfg.batch_bytes)
         try:
             while True:
-                fetched = await reader.next()
-                if fetched.batch.id is None or not fetched.prepared.events:
+                fetched = await self._next(reader)
+                if fetched.batch.id is None or not _prepared(fetched).events:
                     if fetched.batch.id is not None:  # only what the lake holds already, or nothing for it
                         await self._client.ack(fetched.batch.id)
                     await loop.run_in_executor(self._thread, self._idle)
                     continue
                 unit, prepared = await self._unit(reader, fetched)
                 await self._apply(unit, prepared)
-                for b in unit:
-                    assert b.id is not None
-                    await self._client.ack(b.id)
+                for f in unit:
+                    assert f.batch.id is not None
+                    await self._client.ack(f.batch.id)
                 await self._file_resnapshots()
         finally:
             await reader.close()
@@ -73,23 +75,31 @@ class Loader:
         self._lake.merge_due(self._lake.committed)
         self._maintenance.maybe_run()
 
-    async def _unit(self, reader: ReadAhead, first: Fetched) -> tuple[list[Batch], frames.Prepared]:
+    async def _next(self, reader: ReadAhead) -> Fetched:
+        """The next batch, prepared; one of a BINLAKE_CDC new to the lake once the lake adopted it."""
+        fetched = await reader.next()
+        if fetched.prepared is None:
+            base = await asyncio.get_running_loop().run_in_executor(self._thread, self._lake.adopt_stream,
+                                                                    fetched.batch.stream)
+            fetched = await reader.prepare(fetched.batch, base)
+        return fetched
+
+    async def _unit(self, reader: ReadAhead, first: Fetched) -> tuple[list[Fetched], frames.Prepared]:
         """The batch, plus the next ones while a RENAME TABLE waits for its other half."""
-        unit, prepared = [first.batch], first.prepared
+        unit, prepared = [first], _prepared(first)
         for _ in range(self._cfg.rename_wait_batches):  # reads, empty ones included: a bound in time too
             waiting = self._lake.pending_renames(prepared.events)
             if not waiting:
                 break
             self.log.info("loader.rename_read_ahead", waiting=waiting, batches=len(unit))
-            more = await reader.next()
+            more = await self._next(reader)
             if more.batch.id is not None:
-                unit.append(more.batch)
-                prepared = frames.prepare([*prepared.events, *more.prepared.events])
+                unit.append(more)
+                prepared = frames.prepare([*prepared.events, *_prepared(more).events])
         return unit, prepared
 
-    async def _apply(self, unit: list[Batch], prepared: frames.Prepared) -> None:
-        last = unit[-1].id
-        assert last is not None
+    async def _apply(self, unit: list[Fetched], prepared: frames.Prepared) -> None:
+        last = unit[-1].end
         if last <= self._lake.committed or not prepared.events:
             return  # applied before a crash, not acked then
         started = time.monotonic()
@@ -119,3 +129,7 @@ class Loader:
             self.log.info("loader.resnapshot_requested", table=f"{db}.{table}", why=why, request=req.id)
             self._lake.resnapshot.pop(0)
 
+
+def _prepared(fetched: Fetched) -> frames.Prepared:
+    assert fetched.prepared is not None  # Loader._next prepares every batch
+    return fetched.prepared

@@ -5,13 +5,17 @@ mostly the JVM (py4j waits with the GIL released). So the loader keeps one `get`
 and prepares what it returns in a worker thread while Spark writes the unit before: the
 two halves overlap instead of adding up. Batches still come back one at a time and in the
 store's order, and nothing is acked here: a crash redelivers from the last ack.
+
+Lake sequences are CDC sequences plus the base the lake gave the batch's BINLAKE_CDC
+(`Lake.bases`); a batch of a stream the lake has not seen comes unprepared, and the loader
+has the lake adopt the stream first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,23 +27,31 @@ from shared.store_client import Batch, StoreClient
 @dataclass(frozen=True)
 class Fetched:
     batch: Batch
-    prepared: frames.Prepared  # empty for an empty batch
+    prepared: frames.Prepared | None  # empty for an empty batch; None: its stream is new to the lake
+    base: int = 0  # what the batch's CDC sequences add up to lake sequences
+
+    @property
+    def end(self) -> int:
+        """The lake sequence the batch ends at."""
+        assert self.batch.id is not None
+        return self.base + self.batch.id
 
 
-def decode(batch: Batch, after: int = 0) -> list[tuple[int, dict[str, Any]]]:
-    """(CDC sequence, envelope) of every message after sequence `after` (what the lake already holds)."""
-    return [(seq, envelope.as_dict(envelope.decode(raw)))
-            for seq, raw in zip(batch.seqs, batch.raw, strict=True) if seq > after]
+def decode(batch: Batch, after: int = 0, base: int = 0) -> list[tuple[int, dict[str, Any]]]:
+    """(lake sequence, envelope) of every message after lake sequence `after` (what the lake already holds)."""
+    return [(base + seq, envelope.as_dict(envelope.decode(raw)))
+            for seq, raw in zip(batch.seqs, batch.raw, strict=True) if base + seq > after]
 
 
 class ReadAhead:
-    def __init__(self, client: StoreClient, max_rows: int, max_wait_s: float, committed: Callable[[], int], *,
-                 max_bytes: int | None = None) -> None:
+    def __init__(self, client: StoreClient, max_rows: int, max_wait_s: float, committed: Callable[[], int],
+                 bases: Mapping[str, int], *, max_bytes: int | None = None) -> None:
         self._client = client
         self._max_rows = max_rows
         self._max_bytes = max_bytes
         self._max_wait_s = max_wait_s
         self._committed = committed
+        self._bases = bases
         self._next: asyncio.Task[Fetched] | None = None
 
     async def next(self) -> Fetched:
@@ -61,7 +73,14 @@ class ReadAhead:
         batch = await self._client.get(self._max_rows, self._max_wait_s, self._max_bytes)
         if batch.id is None:
             return Fetched(batch, frames.Prepared([], {}))
+        base = self._bases.get(batch.stream)
+        if base is None:
+            return Fetched(batch, None)
+        return await self.prepare(batch, base)
+
+    async def prepare(self, batch: Batch, base: int) -> Fetched:
+        """`batch` decoded, its sequences `base` on, without what the lake already holds."""
         after = self._committed()
         prepared = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: frames.prepare(decode(batch, after)))
-        return Fetched(batch, prepared)
+            None, lambda: frames.prepare(decode(batch, after, base)))
+        return Fetched(batch, prepared, base)

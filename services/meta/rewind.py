@@ -7,6 +7,9 @@ For a timestamp the scan starts at the first message JetStream stored at or afte
 event is always stored after its commit); for a position it starts at the beginning. A GTID
 set (MySQL's `uuid:1-5,uuid:tag:1-3`, or MariaDB's GTID state `0-1-100,1-2-7`) names what the
 client already has: it goes back to the first transaction not in it. Only headers are read.
+`to_start` puts the client at the stream's first message. Every rewind records the stream's
+current identity in the client's state: it is also how a client resumes deliberately after
+BINLAKE_CDC was defined again (`shared.jetstream.StreamIdentity`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from services.meta.backend import Conflict, MetaBackend
-from shared import cas, envelope, keys
+from shared import cas, envelope, jetstream, keys
 from shared.clients import ClientState
-from shared.errors import NatsUnavailable
 from shared.gtid import GtidError, GtidSet
 from shared.rpc import BadRequest, RpcError
 from shared.subjects import Names
@@ -37,8 +39,13 @@ class Rewinder:
 
     async def to_timestamp(self, source: str, client: str, ts_ms: int) -> dict[str, Any]:
         start = dt.datetime.fromtimestamp(ts_ms / 1000, dt.UTC)
-        seq = await self._first(source, lambda h: int(h.get("Binlake-Ts", 0)) >= ts_ms, start_time=start)
-        return await self._apply(source, client, seq, min_ts=ts_ms)
+        seq, stream = await self._first(source, lambda h: int(h.get("Binlake-Ts", 0)) >= ts_ms, start_time=start)
+        return await self._apply(source, client, seq, stream, min_ts=ts_ms)
+
+    async def to_start(self, source: str, client: str) -> dict[str, Any]:
+        """To the first message BINLAKE_CDC holds."""
+        ident = await jetstream.stream_identity(self._js, self._names.cdc_stream)
+        return await self._apply(source, client, max(1, ident.first_seq), ident.id)
 
     async def to_position(self, source: str, client: str, position: str) -> dict[str, Any]:
         file, _, offset = position.rpartition(":")
@@ -53,8 +60,8 @@ class Rewinder:
                                   else 0)
         except envelope.EnvelopeError as exc:
             raise BadRequest(str(exc)) from None
-        seq = await self._first(source, lambda h: int(h.get("Binlake-Scn", 0)) >= target)
-        return await self._apply(source, client, seq, min_scn=target)
+        seq, stream = await self._first(source, lambda h: int(h.get("Binlake-Scn", 0)) >= target)
+        return await self._apply(source, client, seq, stream, min_scn=target)
 
     async def to_gtid(self, source: str, client: str, gtids: str) -> dict[str, Any]:
         """Back to the first message (in stream order) of a transaction not in `gtids`. No order-key
@@ -66,15 +73,15 @@ class Rewinder:
             tag = envelope.txn_tag(h)
             return tag is not None and not has(tag[0])
 
-        return await self._apply(source, client, await self._first(source, reached))
+        return await self._apply(source, client, *await self._first(source, reached))
 
-    async def _first(self, source: str, reached: Any, start_time: dt.datetime | None = None) -> int:
-        """The first CDC sequence whose headers satisfy `reached` (or the next sequence to come)."""
-        try:
-            info = await self._js.stream_info(self._names.cdc_stream)
-        except (nats.errors.Error, TimeoutError) as exc:
-            raise NatsUnavailable(f"stream {self._names.cdc_stream}: {exc!r}") from exc
-        end = info.state.last_seq
+    async def _first(self, source: str, reached: Any, start_time: dt.datetime | None = None) -> tuple[int, str]:
+        """The first CDC sequence whose headers satisfy `reached` (or the next sequence to come), and
+        the identity of the stream it counts in."""
+        ident = await jetstream.stream_identity(self._js, self._names.cdc_stream)
+        return await self._scan(source, reached, ident.last_seq, start_time), ident.id
+
+    async def _scan(self, source: str, reached: Any, end: int, start_time: dt.datetime | None) -> int:
         policy = DeliverPolicy.BY_START_TIME if start_time else DeliverPolicy.ALL
         cfg = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=policy, opt_start_time=start_time,
                              headers_only=True, mem_storage=True, inactive_threshold=30.0,
@@ -94,14 +101,16 @@ class Rewinder:
         finally:
             await sub.unsubscribe()
 
-    async def _apply(self, source: str, client: str, seq: int, *, min_ts: int = 0, min_scn: int = 0) -> dict[str, Any]:
+    async def _apply(self, source: str, client: str, seq: int, stream: str, *, min_ts: int = 0,
+                     min_scn: int = 0) -> dict[str, Any]:
         key = keys.client_cursor(source, client)
 
         async def attempt() -> dict[str, Any]:
             entry = await self._backend.get(key)
             if entry is None:
                 raise RpcError("unknown_client", f"client {client!r} has never subscribed to source {source!r}")
-            state = ClientState.from_dict(entry.value).rewound(seq - 1, min_ts=min_ts, min_scn=min_scn)
+            state = ClientState.from_dict(entry.value).rewound(seq - 1, stream=stream, min_ts=min_ts,
+                                                                  min_scn=min_scn)
             await self._backend.put(key, state.to_dict(), entry.revision)
             return {"seq": seq, "acked": state.acked}
 

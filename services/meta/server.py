@@ -90,8 +90,11 @@ class MetaServer:
 
     async def rewind(self, req: dict[str, Any]) -> dict[str, Any]:
         source, client = require(req, "source", str), require_client(req)
-        if sum(k in req for k in ("timestamp", "position", "gtid")) != 1:
-            raise BadRequest("give exactly one of 'timestamp' (ms), 'position' ('file:offset') or 'gtid' (a GTID set)")
+        if sum(k in req for k in ("timestamp", "position", "gtid", "start")) != 1:
+            raise BadRequest("give exactly one of 'timestamp' (ms), 'position' ('file:offset'), 'gtid' (a GTID set) "
+                             "or 'start' (true)")
+        if req.get("start") is True:
+            return await self._rewinder.to_start(source, client)
         if "timestamp" in req:
             return await self._rewinder.to_timestamp(source, client, require(req, "timestamp", int))
         if "gtid" in req:

@@ -7,6 +7,9 @@ what a subject holds is always a prefix of its raw messages: a writer that finds
 moved (error 10071: another worker, or an old owner that has not noticed it lost the
 partition) re-reads the last stored raw sequence and skips what is already there. A stale
 worker therefore can never interleave with the new owner, and a replay never duplicates.
+Raw sequences count in one definition of BINLAKE_RAW: every message also carries
+`Binlake-Raw-Stream` (a short form of that stream's identity), and a subject whose last message
+came from another BINLAKE_RAW (deleted and defined again since) holds none of the current one's.
 
 Where BINLAKE_CDC allows atomic batches (nats-server ≥ 2.12), a whole fetch goes out as one
 batch: every message is published without waiting, the last one commits and is the only
@@ -18,6 +21,7 @@ them, each message waits for its own ack (one round trip per message and subject
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import secrets
 from dataclasses import dataclass
@@ -33,6 +37,7 @@ from shared.health import Conditions
 from shared.jetstream import header, last_msg
 
 RAW_SEQ = "Binlake-Raw-Seq"
+RAW_STREAM = "Binlake-Raw-Stream"
 EXPECTED_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 BATCH_ID = "Nats-Batch-Id"
 BATCH_SEQ = "Nats-Batch-Sequence"
@@ -58,13 +63,16 @@ class Out:
 
 
 class SubjectFence:
-    def __init__(self, js: JetStreamContext, stream: str, timeout_s: float, *, atomic: bool = False,
-                 conditions: Conditions | None = None) -> None:
-        """`conditions`: where a full JetStream is reported (`/healthz`) until a publish is acked again."""
+    def __init__(self, js: JetStreamContext, stream: str, timeout_s: float, raw_stream_id: str, *,
+                 atomic: bool = False, conditions: Conditions | None = None) -> None:
+        """`raw_stream_id`: the identity of the BINLAKE_RAW the raw sequences count in
+        (`shared.jetstream.StreamIdentity.id`); `conditions`: where a full JetStream is reported
+        (`/healthz`) until a publish is acked again."""
         self._js = js
         self._conditions = conditions or Conditions()
         self._nc: Client = js._nc  # batch messages are plain publishes
         self._stream = stream
+        self._raw_stream = raw_stream_tag(raw_stream_id)
         self._timeout = timeout_s
         self._last: dict[str, tuple[int, int]] = {}  # subject -> (stream seq, raw seq) of its last message
         self.atomic = atomic
@@ -74,7 +82,8 @@ class SubjectFence:
         pos = self._last.get(subject)
         if pos is None:
             msg = await last_msg(self._js, self._stream, subject)
-            pos = (msg.seq or 0, int(header(msg, RAW_SEQ) or 0)) if msg is not None else (0, 0)
+            ours = msg is not None and header(msg, RAW_STREAM) == self._raw_stream
+            pos = (msg.seq or 0, int(header(msg, RAW_SEQ) or 0) if ours else 0) if msg is not None else (0, 0)
             self._last[subject] = pos
         return pos
 
@@ -141,7 +150,8 @@ class SubjectFence:
         first_of: set[str] = set()
         last = len(todo)
         for n, out in enumerate(todo, 1):
-            hdrs = {**out.headers, RAW_SEQ: str(out.raw_seq), BATCH_ID: batch_id, BATCH_SEQ: str(n)}
+            hdrs = {**out.headers, RAW_SEQ: str(out.raw_seq), RAW_STREAM: self._raw_stream, BATCH_ID: batch_id,
+                    BATCH_SEQ: str(n)}
             if out.subject not in first_of:  # the server refuses the check on a subject already in the batch
                 first_of.add(out.subject)
                 hdrs[EXPECTED_SUBJECT_SEQ] = str(expected[out.subject])
@@ -196,7 +206,7 @@ class SubjectFence:
             if raw_seq <= stored_raw:
                 self.skipped += 1
                 return False
-            hdrs = {**headers, EXPECTED_SUBJECT_SEQ: str(seq), RAW_SEQ: str(raw_seq)}
+            hdrs = {**headers, EXPECTED_SUBJECT_SEQ: str(seq), RAW_SEQ: str(raw_seq), RAW_STREAM: self._raw_stream}
             try:
                 ack = await self._js.publish(subject, data, timeout=self._timeout, headers=hdrs)
             except nats.js.errors.APIError as exc:
@@ -223,3 +233,8 @@ class SubjectFence:
 
     def forget(self) -> None:
         self._last.clear()
+
+
+def raw_stream_tag(stream_id: str) -> str:
+    """The `Binlake-Raw-Stream` header of a BINLAKE_RAW identity: short, as it travels on every message."""
+    return hashlib.blake2s(stream_id.encode(), digest_size=6).hexdigest()

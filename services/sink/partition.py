@@ -6,6 +6,11 @@ message is handled: published, already present, or filtered. It only moves forwa
 cannot be processed goes to the dead-letter subject with its reason and halts the
 partition: nothing after it is handled until an operator fixes the cause and restarts.
 
+The cursor names the BINLAKE_RAW it counts in (`stream_id`, `shared.jetstream.StreamIdentity`).
+A stream deleted and defined again starts its sequences at 1: a partition whose cursor names
+another stream, or lies past the stream's end, halts (at start and at every cursor commit)
+until an operator resumes it deliberately (`binlake rewind --sink-partition P --to-start`).
+
 Retention never skips silently. A partition's messages are a sparse subset of BINLAKE_RAW,
 so a jump in stream sequences is normal; whether the stream's limits removed messages inside
 a jump shows in its first sequence. Before a cursor that passed a jump is written, the stream
@@ -17,7 +22,6 @@ partition had nothing left, so an idle partition's old cursor is no false alarm.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +35,13 @@ from nats.js.kv import KeyValue
 
 from services.sink.fence import Out, SubjectFence
 from services.sink.rules import Rules, TableRules
-from shared import cas, envelope, jetstream, keys, kv_values, objects
-from shared.errors import FatalError, NatsUnavailable
+from shared import cas, envelope, jetstream, keys, objects
+from shared.errors import FatalError, NatsUnavailable, StreamRedefined
 from shared.health import Conditions
 from shared.jetstream import store_full
 from shared.metrics import Registry
 from shared.ordered_reader import OrderedReader
+from shared.partition_cursor import PartitionCursor
 from shared.subjects import INTERNAL_TOKEN, Names
 
 DROPPED_HEADERS = ("Nats-Expected-Last-Msg-Id",)
@@ -72,6 +77,7 @@ class PartitionWorker:
         self._checked_schemas: set[str] = set()
         self._decoder = envelope.Decoder()
         self._cursor = 0
+        self._stream_id = ""  # the identity of the BINLAKE_RAW the cursor counts in
         self._seen = 0  # every message of this partition up to this raw sequence is handled
         self._unverified: int | None = None  # where a jump not yet checked against retention began
         self._reader: OrderedReader | None = None
@@ -91,24 +97,31 @@ class PartitionWorker:
         self._unknown_columns = registry.counter("sink_rule_columns_missing_total",
                                                  "Columns named by rules that a table's schema lacks")
         self._objects_in = registry.counter("sink_objects_total", "Raw messages read from an object (too large)")
+        self._redefined = registry.counter("sink_stream_redefined_total",
+                                           "Partitions halted: BINLAKE_RAW was defined again since their cursor")
         self._gaps = registry.counter("sink_retention_gaps_total", "Raw messages removed before the sink read them")
         self.log = structlog.get_logger().bind(actor=f"partition.{p}")
 
     async def run(self) -> None:
         await self._load_cursor()
+        self._check_stream(await jetstream.stream_identity(self._js, self._names.raw_stream))
         if self._handled > 0:  # a partition that never handled anything starts where the stream starts
             self._unverified = self._handled
             await self._verify()
         reader = self._reader = OrderedReader(self._js, self._names.raw_stream,
                                               self._names.raw_partition_filter(self._s.source, self._s.partition),
                                               self._cursor + 1, self._s.batch, max_bytes=self._s.fetch_bytes)
-        fence = SubjectFence(self._js, self._names.cdc_stream, self._s.publish_timeout_s,
+        fence = SubjectFence(self._js, self._names.cdc_stream, self._s.publish_timeout_s, self._stream_id,
                              atomic=await jetstream.allows_atomic(self._js, self._names.cdc_stream),
                              conditions=self._conditions)
         self.log.info("partition.start", cursor=self._cursor, atomic_batches=fence.atomic)
         try:
+            opens = 0
             while True:
                 msgs = await reader.fetch(wait_s=0.5)
+                if reader.opens != opens:  # a new consumer: it may be on a stream defined again since
+                    self._check_stream(await jetstream.stream_identity(self._js, self._names.raw_stream))
+                    opens = reader.opens
                 if msgs:
                     await self._handle(msgs, fence)
                 self._lag.set(reader.pending, partition=self._p)
@@ -281,12 +294,8 @@ class PartitionWorker:
         """Halt on a retention gap after the unverified jump; when idle, record how far all is handled."""
         drained = self._reader is not None and self._reader.drained and \
             time.monotonic() - self._seen_at >= SEEN_EVERY * self._s.cursor_interval_s
-        if self._unverified is None and not drained:
-            return
-        try:
-            state = (await self._js.stream_info(self._names.raw_stream)).state
-        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
-            raise NatsUnavailable(f"stream {self._names.raw_stream}: {exc!r}") from exc
+        state = await jetstream.stream_identity(self._js, self._names.raw_stream)
+        self._check_stream(state)
         if self._unverified is not None:
             if state.first_seq > self._unverified + 1:
                 await self._retention_gap(self._unverified, state.first_seq)
@@ -297,6 +306,18 @@ class PartitionWorker:
             # out (and so handled) means none of ours is left up to it.
             if await self._reader.handed_out_all():
                 self._seen = max(self._seen, state.last_seq)
+
+    def _check_stream(self, ident: jetstream.StreamIdentity) -> None:
+        """Halt unless the cursor counts in this BINLAKE_RAW and lies within it; a new cursor takes it on."""
+        try:
+            ident.check(self._names.raw_stream, self._stream_id, self._handled, f"sink partition {self._s.partition}",
+                        f"binlake rewind --sink-partition {self._s.partition} --to-start, then restart the sink")
+        except StreamRedefined as exc:
+            self._redefined.inc(partition=self._p)
+            self.log.error("partition.stream_redefined", cursor=self._handled, recorded=self._stream_id,
+                           stream=ident.id, last_seq=ident.last_seq, reason=str(exc))
+            raise PartitionHalted(f"partition {self._s.partition}: {exc}") from None
+        self._stream_id = ident.id
 
     async def _retention_gap(self, handled: int, first: int) -> None:
         self._gaps.inc(partition=self._p)
@@ -314,10 +335,11 @@ class PartitionWorker:
         except nats.js.errors.KeyNotFoundError:
             self._cursor, self._revision = 0, None
             return
-        # A cursor from before `seen` existed has only `seq`; one the server relayed here is refused.
-        value = kv_values.load_json(entry.value, self._key, self._names.cursors_bucket)
-        self._cursor = self._committed = int(value.get("seq", 0))
-        self._seen = self._committed_seen = int(value.get("seen", 0))
+        # One the server relayed here is refused.
+        value = PartitionCursor.decode(entry.value, self._key, self._names.cursors_bucket)
+        self._cursor = self._committed = value.seq
+        self._seen = self._committed_seen = value.seen
+        self._stream_id = value.stream_id
         self._revision = entry.revision
 
     async def _commit(self, *, final: bool = False) -> None:
@@ -329,11 +351,11 @@ class PartitionWorker:
         seen = self._seen if self._unverified is None else 0
         if cursor == self._committed and seen == self._committed_seen:
             return
-        value = json.dumps({"seq": cursor, "seen": seen, "updated_ms": int(time.time() * 1000)}).encode()
+        value = PartitionCursor(cursor, seen, self._stream_id)
         try:
             written = await cas.write_forward(
-                self._cursors, self._key, value, self._revision,
-                lambda stored: _stored(stored, self._key, self._names.cursors_bucket) >= (cursor, seen))
+                self._cursors, self._key, value.encode(), self._revision,
+                lambda stored: _ahead(PartitionCursor.decode(stored, self._key, self._names.cursors_bucket), value))
         except nats.errors.Error as exc:
             raise (store_full(exc, self._names.cursors_bucket, f"cursor {self._key}")
                    or NatsUnavailable(f"cursor {self._key}: {exc!r}")) from exc
@@ -342,7 +364,8 @@ class PartitionWorker:
             self._committed, self._committed_seen = cursor, seen
 
 
-def _stored(value: bytes | None, key: str, bucket: str) -> tuple[int, int]:
-    stored = kv_values.load_json(value, key, bucket)
-    return int(stored.get("seq", 0)), int(stored.get("seen", 0))
+def _ahead(stored: PartitionCursor, ours: PartitionCursor) -> bool:
+    """Whether the stored cursor is already at or past ours (another owner wrote it), or counts in another
+    stream (an operator's rewind): either way it is not overwritten."""
+    return stored.stream_id != ours.stream_id or (stored.seq, stored.seen) >= (ours.seq, ours.seen)
 

@@ -22,13 +22,13 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from services.store import batches
-from shared import cas, envelope, keys, objects
+from shared import cas, envelope, jetstream, keys, objects
 from shared.clients import ClientState
-from shared.errors import NatsUnavailable
+from shared.errors import StreamRedefined
 from shared.meta_client import Conflict, MetaClient
 from shared.metrics import Registry
 from shared.ordered_reader import OrderedReader
-from shared.rpc import BadRequest, RpcError, require, require_client, serve
+from shared.rpc import STREAM_REDEFINED, BadRequest, RpcError, require, require_client, serve
 from shared.subjects import Names, unescape_token
 
 FETCH = 500
@@ -45,6 +45,7 @@ class _Position:
     """A client's prefetched read position (a cache; meta is the truth)."""
 
     reader: OrderedReader
+    stream: str  # the identity of the BINLAKE_CDC it reads
     buffer: deque[Msg] = field(default_factory=deque)
     used: float = field(default_factory=time.monotonic)
     stuck: float | None = None  # since when gets found only incomplete transactions
@@ -85,6 +86,8 @@ class StoreServer:
         self._acks = registry.counter("store_acks_total", "Batches acked")
         self._gaps = registry.counter("store_retention_gaps_total",
                                       "Gets refused: messages a client had not read were removed")
+        self._redefined = registry.counter("store_stream_redefined_total",
+                                           "Gets refused: BINLAKE_CDC was defined again since the client's position")
         self._errors = registry.counter("store_protocol_errors_total", "Requests refused")
         self.log = structlog.get_logger().bind(actor="store")
 
@@ -164,32 +167,30 @@ class StoreServer:
             if entry is not None and not req.get("reset"):
                 state = ClientState.from_dict(entry.value)
                 new = ClientState(client, pattern, state.acked, state.acked, (), state.min_ts, state.min_scn,
-                                  state.epoch + 1)
+                                  state.epoch + 1, state.stream)
                 await self._save(new, entry.revision)
                 return {"acked": new.acked, "created": False}
-            seq, rewind_to = await self._start_seq(start)
+            seq, rewind_to, stream = await self._start_seq(start)
             new = ClientState(client, pattern, seq, seq, (), 0, 0, (ClientState.from_dict(entry.value).epoch + 1
-                                                                    if entry else 0))
+                                                                    if entry else 0), stream)
             await self._save(new, entry.revision if entry else None, rewind=True)
         if rewind_to is not None:
             result = await self._meta.rewind(self._source, client, **rewind_to)
             return {"acked": result["acked"], "created": True}
         return {"acked": seq, "created": True}
 
-    async def _start_seq(self, start: Any) -> tuple[int, dict[str, Any] | None]:
+    async def _start_seq(self, start: Any) -> tuple[int, dict[str, Any] | None, str]:
+        """Where a new client starts: (acked sequence, the rewind that moves it, the stream's identity)."""
         _check_start(start)
+        ident = await jetstream.stream_identity(self._js, self._names.cdc_stream)
         if start == "earliest":
-            return 0, None
+            return 0, None, ident.id
         if start == "latest":
-            try:
-                info = await self._js.stream_info(self._names.cdc_stream)
-            except Exception as exc:
-                raise NatsUnavailable(f"stream {self._names.cdc_stream}: {exc!r}") from exc
-            return int(info.state.last_seq), None
+            return ident.last_seq, None, ident.id
         if isinstance(start, dict) and isinstance(start.get("timestamp"), int):
-            return 0, {"timestamp_ms": start["timestamp"]}
+            return 0, {"timestamp_ms": start["timestamp"]}, ident.id
         if isinstance(start, dict) and isinstance(start.get("position"), str):
-            return 0, {"position": start["position"]}
+            return 0, {"position": start["position"]}, ident.id
         raise BadRequest("start must be 'earliest', 'latest', {'timestamp': ms} or {'position': 'file:offset'}")
 
     async def get(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -207,11 +208,13 @@ class StoreServer:
 
         async def attempt() -> dict[str, Any]:
             state, revision = await self._load(client)
+            await self._check_stream(state)
             events, seqs, rows, end, partial = await self._read(state, max_rows, max_wait, max_bytes)
             if end == state.delivered:
-                return {"batch_id": None, "events": [], "seqs": [], "rows": 0}
+                return {"batch_id": None, "events": [], "seqs": [], "rows": 0, "stream_id": state.stream}
             if not events and not state.batches:
-                new = ClientState(state.client, state.filter, end, end, (), state.min_ts, state.min_scn, state.epoch)
+                new = ClientState(state.client, state.filter, end, end, (), state.min_ts, state.min_scn, state.epoch,
+                                  state.stream)
                 batch_id = None
             else:
                 new, batch_id = batches.delivered(state, end), end
@@ -219,7 +222,8 @@ class StoreServer:
             if batch_id is not None:
                 self._batches.inc()
                 self._rows.inc(rows)
-            reply: dict[str, Any] = {"batch_id": batch_id, "events": events, "seqs": seqs, "rows": rows}
+            reply: dict[str, Any] = {"batch_id": batch_id, "events": events, "seqs": seqs, "rows": rows,
+                                     "stream_id": state.stream}
             if partial:
                 reply["partial"] = True  # it ends inside a source transaction
             return reply
@@ -232,6 +236,20 @@ class StoreServer:
         async with self._lock(client):
             return await cas.retry_on_conflict(attempt, conflict=Conflict, tries=5, what=f"client {client!r}",
                                                on_conflict=forget_position)
+
+    async def _check_stream(self, state: ClientState) -> None:
+        """Refuse a get while BINLAKE_CDC is not the stream the client's position counts in (defined
+        again since, or ending before it): its sequences would name other messages."""
+        ident = await jetstream.stream_identity(self._js, self._names.cdc_stream)
+        try:
+            ident.check(self._names.cdc_stream, state.stream, state.delivered, f"client {state.client!r}",
+                        f"binlake rewind {state.client} --to-start (or --to-timestamp / --to-position)")
+        except StreamRedefined as exc:
+            self._redefined.inc()
+            stale = self._positions.pop(state.client, None)
+            if stale is not None:
+                await stale.reader.close()
+            raise RpcError(STREAM_REDEFINED, str(exc)) from None
 
     async def _read(self, state: ClientState, max_rows: int, max_wait: float,
                     max_bytes: int) -> tuple[list[bytes], list[int], int, int, bool]:
@@ -248,12 +266,13 @@ class StoreServer:
         """
         await self._sweep()
         pos = self._positions.get(state.client)
-        if pos is None or pos.next_seq != state.delivered + 1:
+        if pos is None or pos.next_seq != state.delivered + 1 or pos.stream != state.stream:
             if pos is not None:
                 await pos.reader.close()
             reader = OrderedReader(self._js, self._names.cdc_stream, self._names.cdc_source_filter(self._source),
                                    state.delivered + 1, FETCH, max_bytes=self._prefetch_bytes)
-            pos = self._positions[state.client] = _Position(reader)
+            pos = self._positions[state.client] = _Position(reader, state.stream)
+        opens = pos.reader.opens
         pos.used = time.monotonic()
         pattern = batches.compile_filter(state.filter)
         events: list[bytes] = []  # the batch so far: up to the last place where no transaction is open
@@ -335,6 +354,8 @@ class StoreServer:
             pos.buffer.extendleft(pm for pm, _ in reversed(pending))
         if taken > state.delivered:
             pos.stuck = None
+        if pos.reader.opens > max(opens, 1):  # a consumer made during this get may read a stream defined again
+            await self._check_stream(state)
         return events, seqs, rows, taken, partial
 
     async def ack(self, req: dict[str, Any]) -> dict[str, Any]:

@@ -74,18 +74,36 @@ async def test_a_batch_goes_out_whole_and_a_replay_stores_nothing(nc: Client) ->
     stream = await new_stream(js, atomic=True)
     assert await jetstream.allows_atomic(js, stream)
     msgs = raw_messages(stream, 1200)  # more than one batch (the server's limit is 1,000)
-    fence = SubjectFence(js, stream, 5.0, atomic=True)
+    fence = SubjectFence(js, stream, 5.0, "raw-1", atomic=True)
     assert await fence.publish_all(msgs) == 1200
-    again = SubjectFence(js, stream, 5.0, atomic=True)  # a restarted worker replays from an old cursor
+    again = SubjectFence(js, stream, 5.0, "raw-1", atomic=True)  # a restarted worker replays from an old cursor
     assert await again.publish_all(msgs[500:]) == 0
     assert await stored(js, stream) == expected(msgs)
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+async def test_raw_sequences_of_a_raw_stream_defined_again_are_not_taken_for_stored_ones(
+        nc: Client, atomic: bool) -> None:
+    """BINLAKE_RAW deleted and defined again numbers its messages from 1: what the subjects hold
+    from the old stream (higher raw sequences) does not make the fence skip the new ones."""
+    js = nc.jetstream()
+    stream = await new_stream(js, atomic=atomic)
+    old = raw_messages(stream, 30)
+    assert await SubjectFence(js, stream, 5.0, "raw-1", atomic=atomic).publish_all(old) == 30
+    new = [Out(m.subject, m.data, {"Nats-Msg-Id": f"new:{m.raw_seq}"}, m.raw_seq) for m in raw_messages(stream, 6)]
+    fence = SubjectFence(js, stream, 5.0, "raw-2", atomic=atomic)
+    assert await fence.publish_all(new) == 6
+    assert await fence.publish_all(new) == 0  # and a replay in the new stream still stores nothing
+    held = await stored(js, stream)
+    assert {s: seqs[10:] for s, seqs in held.items()} == expected(new)
 
 
 async def test_a_stale_writer_and_the_new_owner_never_interleave(nc: Client) -> None:
     js = nc.jetstream()
     stream = await new_stream(js, atomic=True)
     msgs = raw_messages(stream, 3000)
-    stale, owner = SubjectFence(js, stream, 5.0, atomic=True), SubjectFence(js, stream, 5.0, atomic=True)
+    stale, owner = (SubjectFence(js, stream, 5.0, "raw-1", atomic=True),
+                    SubjectFence(js, stream, 5.0, "raw-1", atomic=True))
 
     async def write(fence: SubjectFence, start: int, step: int) -> int:
         n = 0
@@ -106,7 +124,7 @@ async def test_a_message_id_the_stream_holds_makes_single_writes(nc: Client) -> 
     # The id of raw 6 is already in the stream (under another subject): the server refuses the
     # whole batch, and the fence writes one message at a time, where a duplicate is only skipped.
     await js.publish(f"{stream.lower()}.other", b"x", headers={"Nats-Msg-Id": f"{stream}:6"})
-    fence = SubjectFence(js, stream, 5.0, atomic=True)
+    fence = SubjectFence(js, stream, 5.0, "raw-1", atomic=True)
     assert await fence.publish_all(msgs) == 10
     got = await stored(js, stream)
     assert got.pop(f"{stream.lower()}.other") == [0]
@@ -121,9 +139,9 @@ async def test_without_atomic_batches_every_message_has_its_own_ack(nc: Client) 
     stream = await new_stream(js, atomic=False)
     assert not await jetstream.allows_atomic(js, stream)
     msgs = raw_messages(stream, 300)
-    fence = SubjectFence(js, stream, 5.0, atomic=False)
+    fence = SubjectFence(js, stream, 5.0, "raw-1", atomic=False)
     assert await fence.publish_all(msgs[:200]) == 200
-    batched = SubjectFence(js, stream, 5.0, atomic=True)  # a stream edited since the worker looked
+    batched = SubjectFence(js, stream, 5.0, "raw-1", atomic=True)  # a stream edited since the worker looked
     assert await batched.publish_all(msgs) == 100
     assert not batched.atomic
     assert await stored(js, stream) == expected(msgs)

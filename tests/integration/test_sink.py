@@ -272,3 +272,69 @@ def test_a_reference_to_a_missing_object_goes_to_dead_letters_never_skipped(mari
     time.sleep(3)
     assert count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) == 1
     assert sink.running, "other partitions keep running"
+
+
+@pytest.mark.timeout(300)
+def test_a_raw_stream_defined_again_halts_the_partitions_ahead_until_rewound_to_its_start(
+        mariadb, database, parser, sink_factory, nats_url):
+    """BINLAKE_RAW deleted and defined again (sequences from 1) while sink cursors are past its end:
+    the partitions halt and say how to resume, nothing of the new stream is skipped; after
+    `binlake rewind --sink-partition all --to-start` and a restart every new change reaches CDC once."""
+    db = database
+    mariadb.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY)",
+                    *(f"INSERT INTO `{db}`.t VALUES ({i})" for i in range(1, 21)))
+    a = sink_factory("a", BINLAKE_CURSOR_INTERVAL_S="0.2")
+    wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) >= 20, 60, "20 rows in CDC")
+    a.stop()
+    parser.stop()
+    asyncio.run(_define_raw_again(nats_url))
+    parser.start()  # it resumes from its saved position: BINLAKE_RAW is empty
+    mariadb.execute(*(f"INSERT INTO `{db}`.t VALUES ({i})" for i in range(21, 26)))
+    wait_until(lambda: count_rows(read_stream_sync(nats_url), db) >= 5, 60, "5 new rows in the new RAW")
+
+    b = sink_factory("b", BINLAKE_CURSOR_INTERVAL_S="0.2")
+    wait_until(lambda: '"partition.stream_redefined"' in b.output, 60, "the partitions to halt")
+    halt = next(x for x in b.output.splitlines() if "BINLAKE_RAW was deleted and defined again" in x)
+    assert "binlake rewind --sink-partition" in halt and "--to-start" in halt, halt
+    time.sleep(2)
+    assert count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) == 20, "the new stream's rows were published"
+    b.stop()
+
+    done = binlake_cli(nats_url, "rewind", "--sink-partition", "all", "--to-start")
+    assert done.returncode == 0, done.stderr
+    assert "restart the sink" in done.stdout
+    c = sink_factory("c", BINLAKE_CURSOR_INTERVAL_S="0.2")
+    wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) >= 25, 60, "the new rows in CDC")
+    cdc = row_changes(read_stream_sync(nats_url, "BINLAKE_CDC"), db)
+    assert sorted(r["after"]["id"] for m in cdc for r in m.env["rows"]) == list(range(1, 26))
+    assert '"partition.stream_redefined"' not in c.output
+
+
+async def _define_raw_again(nats_url: str) -> None:
+    """BINLAKE_RAW deleted and created again, as `binlake init` does after a lost NATS volume."""
+    from shared import jetstream
+
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        await js.delete_stream("BINLAKE_RAW")
+        await jetstream.ensure_stream(js, jetstream.raw_stream_config(Names(), DEFAULT_PARTITIONS))
+    finally:
+        await nc.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_running_sink_halts_the_partitions_of_a_raw_stream_defined_under_it(mariadb, database, parser,
+                                                                               sink_factory, nats_url):
+    db = database
+    mariadb.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY)",
+                    *(f"INSERT INTO `{db}`.t VALUES ({i})" for i in range(1, 21)))
+    a = sink_factory("a", BINLAKE_CURSOR_INTERVAL_S="0.2")
+    wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) >= 20, 60, "20 rows in CDC")
+    asyncio.run(_define_raw_again(nats_url))  # the parser and the sink keep running
+    mariadb.execute(*(f"INSERT INTO `{db}`.t VALUES ({i})" for i in range(21, 26)))
+    wait_until(lambda: count_rows(read_stream_sync(nats_url), db) >= 5, 60, "5 new rows in the new RAW")
+    wait_until(lambda: '"partition.stream_redefined"' in a.output, 60, "the partitions to halt")
+    time.sleep(2)
+    assert count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) == 20, "the new stream's rows were published"
+    assert a.running  # halted partitions, not a crashed worker

@@ -28,8 +28,8 @@ from nats.aio.client import Client as NATS
 from services.launcher.processes import ServiceProcess
 from services.store.config import StoreConfig
 from services.store.server import EXTEND
-from shared import envelope
-from shared.errors import NatsUnavailable
+from shared import envelope, jetstream
+from shared.errors import NatsUnavailable, StreamRedefined
 from shared.meta_client import MetaClient
 from shared.rpc import RpcError
 from shared.store_client import Batch, StoreClient
@@ -472,6 +472,33 @@ async def test_messages_removed_before_a_client_read_them_halt_it_loudly(stack: 
     fresh = stack.client("fresh")
     await fresh.subscribe(filter=stack.table_filter(), start="earliest")
     assert ids_of(events_of(await drain(fresh)))[0] == msgs[20].env["rows"][0]["after"]["id"]
+
+
+@pytest.mark.timeout(300)
+async def test_a_client_ahead_of_a_stream_defined_again_halts_until_rewound_to_its_start(stack: Stack) -> None:
+    """BINLAKE_CDC deleted and defined again (sequences restart at 1) while a client's position is
+    past what the new stream holds: its gets name the redefinition, never skip; `binlake rewind
+    --to-start` resumes it deliberately at the new stream's first message."""
+    db = stack.db
+    await stack.sql(create(db), *inserts(db, 1, 30))
+    await stack.wait_cdc(30)
+    c = stack.client("reset")
+    await c.subscribe(filter=stack.table_filter())
+    assert row_count(events_of(await drain(c))) == 30
+    js = stack.nc.jetstream()
+    await js.delete_stream("BINLAKE_CDC")
+    await jetstream.ensure_stream(js, jetstream.cdc_stream_config(Names()))  # as `binlake init` does
+    await stack.sql(*inserts(db, 31, 5))
+    after = await stack.wait_cdc(5)
+    assert after[-1].seq < 30  # the new stream's sequences are all at or below the client's position
+    for _ in range(2):  # and it stays halted
+        with pytest.raises(StreamRedefined) as err:
+            await c.get(max_rows=5)
+        assert "BINLAKE_CDC was deleted and defined again" in str(err.value)
+        assert "binlake rewind reset --to-start" in str(err.value)
+    done = await asyncio.to_thread(binlake_cli, stack.nats_url, "rewind", "reset", "--to-start")
+    assert done.returncode == 0, done.stderr
+    assert ids_of(events_of(await drain(c))) == list(range(31, 36))
 
 
 @pytest.mark.timeout(240)

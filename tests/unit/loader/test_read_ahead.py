@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from services.loader import frames
-from services.loader.read_ahead import ReadAhead
+from services.loader.read_ahead import Fetched, ReadAhead
 from shared import envelope
 from shared.store_client import Batch
 
@@ -51,8 +52,14 @@ def batch(*seqs: int) -> Batch:
     return Batch(seqs[-1], raw, len(seqs), list(seqs))
 
 
-def reader(store: Store, committed: int = 0) -> ReadAhead:
-    return ReadAhead(store, 1000, 0.1, lambda: committed)  # type: ignore[arg-type]  # the stand-in store
+def reader(store: Store, committed: int = 0, bases: dict[str, int] | None = None) -> ReadAhead:
+    return ReadAhead(store, 1000, 0.1, lambda: committed,  # type: ignore[arg-type]  # the stand-in store
+                     {"": 0} if bases is None else bases)
+
+
+def prepared(fetched: Fetched) -> frames.Prepared:
+    assert fetched.prepared is not None
+    return fetched.prepared
 
 
 async def test_batches_come_in_order_with_one_get_in_flight_and_the_next_already_fetched() -> None:
@@ -62,7 +69,7 @@ async def test_batches_come_in_order_with_one_get_in_flight_and_the_next_already
     for _ in range(3):
         fetched = await ahead.next()
         await asyncio.sleep(0.05)  # the lake writing: the next get is done meanwhile
-        got.append([seq for seq, _ in fetched.prepared.events])
+        got.append([seq for seq, _ in prepared(fetched).events])
         assert store.gets == len(got) + 1
     await ahead.close()
     assert got == [[1, 2], [3], [4, 5, 6]]
@@ -73,7 +80,7 @@ async def test_runs_are_grouped_and_in_arrow_before_the_lake_asks() -> None:
     ahead = reader(Store([batch(1, 2)]))
     fetched = await ahead.next()
     await ahead.close()
-    (changes,) = fetched.prepared.tables.values()
+    (changes,) = prepared(fetched).tables.values()
     (run,) = changes.steps
     assert run._arrow is not None and sum(t.num_rows for t in run._arrow) == 2  # type: ignore[union-attr]
 
@@ -81,10 +88,23 @@ async def test_runs_are_grouped_and_in_arrow_before_the_lake_asks() -> None:
 async def test_an_empty_batch_passes_through_and_what_the_lake_holds_is_left_out() -> None:
     ahead = reader(Store([Batch(None, [], 0, []), batch(7, 8, 9)]), committed=8)
     empty = await ahead.next()
-    assert empty.batch.id is None and empty.prepared.events == []
+    assert empty.batch.id is None and prepared(empty).events == []
     fetched = await ahead.next()
     await ahead.close()
-    assert [seq for seq, _ in fetched.prepared.events] == [9]
+    assert [seq for seq, _ in prepared(fetched).events] == [9]
+
+
+async def test_a_batch_of_a_stream_new_to_the_lake_waits_for_its_base_then_counts_on_from_it() -> None:
+    """BINLAKE_CDC defined again numbers from 1: its sequences continue the lake's from the base the
+    lake gives the stream, so what the lake holds (up to 40 here) never hides them."""
+    new = replace(batch(1, 2, 3), stream="cdc-2")
+    ahead = reader(Store([new]), committed=40, bases={"cdc-1": 0})
+    fetched = await ahead.next()
+    assert fetched.prepared is None  # the loader has the lake adopt the stream first
+    again = await ahead.prepare(fetched.batch, 40)
+    await ahead.close()
+    assert [seq for seq, _ in prepared(again).events] == [41, 42, 43]
+    assert again.end == 43
 
 
 async def test_preparing_runs_in_a_worker_thread() -> None:

@@ -28,7 +28,7 @@ class Fence(SubjectFence):
     """Fails every publish to `bad` with `error`; records the others."""
 
     def __init__(self, bad: str, error: Exception) -> None:
-        super().__init__(_Js(), "CDC", 1.0)  # type: ignore[arg-type]
+        super().__init__(_Js(), "CDC", 1.0, "raw-1")  # type: ignore[arg-type]
         self.bad, self.error = bad, error
         self.stored: list[str] = []
 

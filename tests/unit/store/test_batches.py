@@ -220,17 +220,17 @@ def test_rolled_back_without_unacked_batches_only_bumps_the_epoch():
 
 def test_rewound_moves_both_cursors_and_sets_the_limits():
     s = ClientState("app", "f", 10, 25, (15, 25), 5, 6, 2)
-    r = s.rewound(3, min_ts=1234)
-    assert r == ClientState("app", "f", 3, 3, (), 1234, 0, 3)
-    r = s.rewound(40, min_scn=99)
-    assert r == ClientState("app", "f", 40, 40, (), 0, 99, 3)
+    r = s.rewound(3, stream="s1", min_ts=1234)
+    assert r == ClientState("app", "f", 3, 3, (), 1234, 0, 3, "s1")
+    r = s.rewound(40, stream="s1", min_scn=99)
+    assert r == ClientState("app", "f", 40, 40, (), 0, 99, 3, "s1")
 
 
 def test_to_dict_from_dict_round_trip():
-    s = ClientState("app", r"shop\..*", 10, 25, (15, 20, 25), 1000, 77, 4)
+    s = ClientState("app", r"shop\..*", 10, 25, (15, 20, 25), 1000, 77, 4, "s1")
     d = s.to_dict()
     assert d == {"client": "app", "filter": r"shop\..*", "acked": 10, "delivered": 25, "batches": [15, 20, 25],
-                 "min_ts": 1000, "min_scn": 77, "epoch": 4, "seq": 10}
+                 "min_ts": 1000, "min_scn": 77, "epoch": 4, "stream_id": "s1", "seq": 10}
     assert ClientState.from_dict(d) == s
     assert ClientState.from_dict(ClientState("x").to_dict()) == ClientState("x")
 
