@@ -19,6 +19,7 @@ from pyiceberg.table import StaticTable
 from pyspark.sql import SparkSession
 
 from services.loader.lake import Lake, MergePolicy
+from services.loader.naming import BOOK_NAMESPACE, CUT_TAG, CUTS_TABLE
 from services.loader.spark import CatalogConfig, register
 from tests.integration.lake_feed import Feed
 from tests.integration.test_lake_readers import duckdb_connection
@@ -41,7 +42,7 @@ def newest(folder: Path) -> StaticTable:
 
 def read_cut(warehouse: Path) -> tuple[int, dict[str, set[int]]]:
     """README's rule: the newest cut, each of its tables at the snapshot it names (NULL: empty)."""
-    cuts = newest(warehouse / "_binlake" / "cuts").scan().to_arrow().to_pylist()
+    cuts = newest(warehouse / BOOK_NAMESPACE / CUTS_TABLE).scan().to_arrow().to_pylist()
     cut = max(r["cut"] for r in cuts)
     out: dict[str, set[int]] = {}
     con = duckdb_connection()
@@ -54,7 +55,7 @@ def read_cut(warehouse: Path) -> tuple[int, dict[str, set[int]]]:
             f"SELECT DISTINCT txn FROM iceberg_scan('{folder}', snapshot_from_id => {sid})").fetchall()}
         assert duck == txns, (r, duck, txns)
         refs = newest(folder).refs()
-        assert sid is None or refs["binlake_cut"].snapshot_id == sid, refs  # the tag is at the newest cut
+        assert sid is None or refs[CUT_TAG].snapshot_id == sid, refs  # the tag is at the newest cut
         out[f"{r['source_db']}.{r['source_table']}"] = txns
     return cut, out
 
@@ -109,7 +110,7 @@ def bank(spark: SparkSession, tmp_path: Path) -> Callable[[], tuple[Bank, Path]]
 def test_plain_readers_see_both_tables_as_of_one_source_transaction(bank):
     b, warehouse = bank()
     b.transaction()
-    assert not (warehouse / "_binlake" / "cuts" / "data").exists()  # nothing merged: no cut yet
+    assert not (warehouse / BOOK_NAMESPACE / CUTS_TABLE / "data").exists()  # nothing merged: no cut yet
     b2 = b.transaction()  # acct's tail is due: both tables are merged at batch b2
     assert read_cut(warehouse) == (b2, {"bank.acct": {1, 2}, "bank.ledger": {1, 2}})
     # A DDL merges its own table only: the plain current tables now disagree (the issue) ...
@@ -121,6 +122,9 @@ def test_plain_readers_see_both_tables_as_of_one_source_transaction(bank):
     b5 = b.transaction()  # acct due again: ledger's tail (three transactions) goes with it
     assert read_cut(warehouse) == (b5, {"bank.acct": {1, 2, 3, 4, 5}, "bank.ledger": {1, 2, 3, 4, 5}})
     assert read_heads(warehouse) == {"bank.acct": {1, 2, 3, 4, 5}, "bank.ledger": {1, 2, 3, 4, 5}}
+    b.transaction()  # a tail after the cut: the tag still names the cut's snapshot
+    tagged = b.lake.spark.sql(f"SELECT DISTINCT txn FROM {b.lake.catalog}.bank.ledger VERSION AS OF '{CUT_TAG}'")
+    assert {int(r[0]) for r in tagged.collect()} == {1, 2, 3, 4, 5}
 
 
 @pytest.mark.parametrize("moment", ["between_merges", "before_record", "before_tags"])
@@ -155,7 +159,7 @@ def test_a_kill_in_the_middle_of_a_cut(bank, moment):
         b.transaction()  # acct due: the cut at this batch is being published
     b4 = b.batches[4]
     if moment == "before_tags":  # the cut is recorded, but the tags are one cut behind
-        assert newest(warehouse / "bank" / "acct").refs()["binlake_cut"].snapshot_id != \
+        assert newest(warehouse / "bank" / "acct").refs()[CUT_TAG].snapshot_id != \
             newest(warehouse / "bank" / "acct").current_snapshot().snapshot_id  # type: ignore[union-attr]
     else:
         assert read_cut(warehouse) == (b2, {"bank.acct": {1, 2}, "bank.ledger": {1, 2}})
