@@ -76,6 +76,7 @@ class Lake:
         self._views = self.views
         self._renamed: dict[tuple[str, str], int] = {}  # (db, table) -> scn of its last RENAME away
         self.cuts = Cuts(self.spark, self.ice, self.catalog)
+        self._cut_now = False  # a RENAME moved a table the newest cut names: publish one at the end of the unit
         self.log = structlog.get_logger().bind(actor="lake")
 
     @property
@@ -284,6 +285,7 @@ class Lake:
             source.record_ddl(self.ice, step, batch)
             self.publish_view(source)
             touched.add((new_db, new))
+            self._cut_now = True
             self.log.info("lake.table_renamed", old=f"{old_db}.{old}", new=f"{new_db}.{new}")
 
     # -- merges ------------------------------------------------------------------------------------
@@ -315,6 +317,9 @@ class Lake:
 
     def merge_due(self, batch: int) -> None:
         """When any table's tail is due (`MergePolicy`), merge every tail and publish cut `batch`."""
+        if self._cut_now:
+            self.merge_all(batch)
+            return
         now = self.clock()
         for table in self.loaded():
             age = now - (now if table.tail_since is None else table.tail_since)
@@ -336,6 +341,7 @@ class Lake:
             self.flush(table, cut)
         if cut > self.cuts.newest:  # the same batch again holds the same rows: one cut per batch
             self.cuts.publish(cut, [t.names for t in self.loaded()])
+            self._cut_now = False
             self.log.info("lake.cut_published", cut=cut, tables=len(self.loaded()))
 
     def _record(self, batch: int, tables: int, rows: int) -> None:

@@ -172,3 +172,15 @@ def test_a_kill_in_the_middle_of_a_cut(bank, moment):
     assert restarted.open() == b4
     restarted.merge_due(restarted.committed)  # what the loader does when idle
     assert read_cut(warehouse) == (b4, {"bank.acct": {1, 2, 3, 4}, "bank.ledger": {1, 2, 3, 4}})
+
+
+def test_a_rename_table_publishes_a_cut_with_the_new_name(bank):
+    """The hadoop catalog renames by copying (new snapshot ids): a cut with the new name follows at once."""
+    b, warehouse = bank()
+    b.transaction()
+    b.transaction()
+    alter = {"kind": "rename", "ops": [], "renames": [["bank", "acct", "bank", "acct2"]]}
+    old_half = b.feed.ddl("RENAME TABLE acct TO acct2", alter)
+    new_half = (b.feed.seq + 1, {**old_half[1], "table": "acct2"})
+    b.lake.apply(new_half[0], [old_half, new_half])
+    assert read_cut(warehouse) == (new_half[0], {"bank.acct2": {1, 2}, "bank.ledger": {1, 2}})
