@@ -18,7 +18,8 @@ newest cut: tags keep those snapshots from expiry, and engines that can name a t
 table as of the newest cut. Tags cannot move atomically across tables, so they are not the
 rule for reading several tables. A kill between the merges of one cut publishes nothing;
 the restarted loader merges what is left and publishes a cut then (`Lake.open`), and moves
-tags a kill left behind.
+tags a kill left behind. A RENAME TABLE publishes a cut at the end of its unit: the hadoop
+catalog renames by copying, and the old name's snapshots go with its folder.
 """
 
 from __future__ import annotations
