@@ -24,7 +24,8 @@ _HEAVY = {"test_compose_stack", "test_nats_cluster", "test_spark_cluster", "test
 _COST = {"test_compose_stack": 690, "test_loader": 420, "test_parser_operations": 225, "test_snapshot": 205,
          "test_up": 205, "test_store": 130, "test_spark_cluster": 120, "test_lake_readers": 105,
          "test_hostile_names": 100, "test_lake": 90, "test_failover": 85, "test_nats_cluster": 70,
-         "test_memory": 60, "test_meta_backends": 60, "test_sink": 55, "test_verify": 45, "test_service_users": 45}
+         "test_memory": 60, "test_meta_backends": 60, "test_lake_cuts": 60, "test_sink": 55, "test_verify": 45,
+         "test_service_users": 45}
 
 
 def run_order(path: PurePath) -> tuple[int, int]:

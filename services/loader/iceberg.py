@@ -189,6 +189,17 @@ class Iceberg:
         snapshot = self._table(ident).currentSnapshot()
         return None if snapshot is None else int(snapshot.snapshotId())
 
+    def tag(self, ident: str, name: str) -> int | None:
+        """The snapshot id tag `name` points at (None: no such tag)."""
+        ref = self._table(ident).refs().get(name)
+        return None if ref is None or not ref.isTag() else int(ref.snapshotId())
+
+    def has_snapshot(self, ident: str, snapshot_id: int) -> bool:
+        return self._table(ident).snapshot(snapshot_id) is not None
+
+    def set_tag(self, ident: str, name: str, snapshot_id: int) -> None:
+        self.sql(f"ALTER TABLE {ident} CREATE OR REPLACE TAG {quote(name)} AS OF VERSION {snapshot_id}")
+
     def history(self, ident: str) -> list[tuple[int, int, Marker | None]]:
         """(committed at ms, snapshot id, marker) of every retained snapshot, oldest first."""
         out = []

@@ -4,11 +4,13 @@
 <catalog>.<db>.<table>__changelog   append-only: every change (and DDL) with its bookkeeping columns
 <catalog>.<db>.<table>              current rows; MERGE INTO from the changelog tail
 <catalog>._binlake.commits          one row per batch every table it touched has committed
+<catalog>._binlake.cuts             per consistent cut, each current table's snapshot (`cuts`)
 ```
-(names escaped by `naming.escape`). A batch costs one append per table it touches. The
-current table is brought up to date by a MERGE of the changelog tail when the tail is
-large or old enough (`MergePolicy`) and before every DDL that changes columns or data;
-`merges.live_sql` overlays the un-merged tail for readers who need the newest state.
+(names escaped by `naming.escape`). A batch costs one append per table it touches. When
+one table's tail is large or old enough (`MergePolicy`), every table with a tail is merged
+at the same batch and that cut is published; a DDL that changes columns or data merges its
+own table first. `merges.live_sql` overlays the un-merged tail for readers who need the
+newest state.
 
 Exactly once: every commit carries the table's `Marker` (source order key of its last
 change, and the batch). A redelivered change at or below a table's changelog marker is
@@ -33,6 +35,7 @@ import structlog
 from pyspark.sql import SparkSession
 
 from services.loader import frames, schema_change
+from services.loader.cuts import Cuts
 from services.loader.frames import Ddl, Rows
 from services.loader.iceberg import Iceberg, Marker
 from services.loader.merges import Fold, live_sql, merge_sql
@@ -44,6 +47,7 @@ from services.loader.naming import (
     TableNames,
     quote,
     source_of,
+    sql_string,
 )
 from services.loader.tables import LakeTable, arrow_to_spark
 
@@ -74,6 +78,8 @@ class Lake:
         self._tables: dict[tuple[str, str], LakeTable | None] = {}
         self._views = self.views
         self._renamed: dict[tuple[str, str], int] = {}  # (db, table) -> scn of its last RENAME away
+        self.cuts = Cuts(self.spark, self.ice, self.catalog)
+        self._cut_now = False  # a RENAME moved a table the newest cut names: publish one at the end of the unit
         self.log = structlog.get_logger().bind(actor="lake")
 
     @property
@@ -108,6 +114,13 @@ class Lake:
                 found = source_of(ns, ident)
                 if found is not None and found[2] == "changelog":
                     self.table(found[0], found[1])
+        # A kill mid-cut leaves merged tables and no cut, or a cut whose tags did not all move.
+        # Tails left are due at once (`LakeTable.load`) and their merge publishes the cut; with
+        # none left, every table already holds every committed batch: publish that cut now.
+        self.cuts.open()
+        self.cuts.tag(self.cuts.newest_snapshots([t.names for t in self.loaded()]))
+        if self.committed > self.cuts.newest and not any(t.tail_rows for t in self.loaded()):
+            self.merge_all(self.committed)
         return self.committed
 
     def adopt_stream(self, stream: str) -> int:
@@ -117,7 +130,7 @@ class Lake:
         loader on it (`binlake rewind ... --to-start`): its sequences restart at 1, and continue the
         lake's own sequence from where it stands."""
         if stream not in self.bases:
-            self.spark.sql(f"INSERT INTO {self.streams} VALUES ({_sql_str(stream)}, {self.committed})")
+            self.spark.sql(f"INSERT INTO {self.streams} VALUES ({sql_string(stream)}, {self.committed})")
             self.bases[stream] = self.committed
             if self.committed:
                 self.log.warning("lake.cdc_stream_changed", stream=stream, base=self.committed)
@@ -195,12 +208,12 @@ class Lake:
                              ddl=head.sql if isinstance(head, Ddl) else None)
             for step in steps:
                 written += self._step(key, step, batch, touched, force=True)
-        self.merge_due(batch)
         # A unit the tables already held (a kill between their commits and this record) is
         # still recorded: the record, not the tables' markers, says how far the lake is.
         if touched or batch > self.committed:
             self._record(batch, len(touched), written)
         self.committed = max(self.committed, batch)
+        self.merge_due(self.committed)  # after the record: a cut never names a batch the lake does not hold
         return written
 
     def _step(self, key: tuple[str, str], step: frames.Step, batch: int, touched: set[tuple[str, str]],
@@ -283,8 +296,8 @@ class Lake:
                 continue  # nothing loaded under the old name: the new name starts fresh
             self.flush(source, batch)
             scn = int(step.env["scn"])
-            self.spark.sql(f"INSERT INTO {self.renames} VALUES ({_sql_str(old_db)}, {_sql_str(old)}, "
-                           f"{_sql_str(new_db)}, {_sql_str(new)}, {scn})")
+            self.spark.sql(f"INSERT INTO {self.renames} VALUES ({sql_string(old_db)}, {sql_string(old)}, "
+                           f"{sql_string(new_db)}, {sql_string(new)}, {scn})")
             self._renamed[(old_db, old)] = max(scn, self._renamed.get((old_db, old), -1))
             if target is not None:  # what a dropped table of that name left behind
                 target.drop(self.ice)
@@ -295,6 +308,7 @@ class Lake:
             source.record_ddl(self.ice, step, batch)
             self.publish_view(source)
             touched.add((new_db, new))
+            self._cut_now = True
             self.log.info("lake.table_renamed", old=f"{old_db}.{old}", new=f"{new_db}.{new}")
 
     # -- merges ------------------------------------------------------------------------------------
@@ -325,21 +339,33 @@ class Lake:
             self.log.warning("lake.no_views", catalog=self.catalog, reason=str(exc).splitlines()[0][:300])
 
     def merge_due(self, batch: int) -> None:
+        """When any table's tail is due (`MergePolicy`), merge every tail and publish cut `batch`."""
+        if self._cut_now:
+            self.merge_all(batch)
+            return
         now = self.clock()
-        for table in list(self._tables.values()):
-            if table is None or not table.tail_rows:
-                continue
+        for table in self.loaded():
             age = now - (now if table.tail_since is None else table.tail_since)
-            if table.tail_rows >= self.policy.rows or age >= self.policy.age_s:
-                self.flush(table, batch)
+            if table.tail_rows and (table.tail_rows >= self.policy.rows or age >= self.policy.age_s):
+                self.merge_all(batch)
+                return
 
     def loaded(self) -> list[LakeTable]:
         return [t for t in self._tables.values() if t is not None]
 
-    def merge_all(self) -> None:
-        for table in list(self._tables.values()):
-            if table is not None:
-                self.flush(table, table.appended.batch)
+    def merge_all(self, batch: int | None = None) -> None:
+        """Merge every table's tail, then publish the cut at `batch` (default: the last committed).
+
+        Every table then reflects every change up to the batch; the cut is recorded once all are
+        merged, so a kill in between publishes nothing (the restarted lake finishes the cut).
+        """
+        cut = self.committed if batch is None else batch
+        for table in self.loaded():
+            self.flush(table, cut)
+        if cut > self.cuts.newest:  # the same batch again holds the same rows: one cut per batch
+            self.cuts.publish(cut, [t.names for t in self.loaded()])
+            self._cut_now = False
+            self.log.info("lake.cut_published", cut=cut, tables=len(self.loaded()))
 
     def _record(self, batch: int, tables: int, rows: int) -> None:
         self.spark.sql(f"INSERT INTO {self.commits} VALUES ({batch}, current_timestamp(), {tables}, {rows})")
@@ -356,7 +382,3 @@ def _after(table: pa.Table, marker: Marker) -> pa.Table:
     scn, seq = table["_binlake_scn"], table[frames.SEQ]
     keep = pc.or_(pc.greater(scn, marker.scn), pc.and_(pc.equal(scn, marker.scn), pc.greater(seq, marker.seq)))
     return table.filter(keep)
-
-
-def _sql_str(text: str) -> str:
-    return f"CAST(X'{text.encode().hex()}' AS STRING)"

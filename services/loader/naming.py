@@ -22,6 +22,8 @@ BOOK_NAMESPACE = "_binlake"  # bookkeeping tables: never an escaped source name 
 COMMITS_TABLE = "commits"  # one row per batch committed to every table it touched
 RENAMES_TABLE = "renames"  # one row per RENAME TABLE the lake followed
 STREAMS_TABLE = "streams"  # one row per BINLAKE_CDC definition loaded from: its sequences' offset in the lake
+CUTS_TABLE = "cuts"  # per published cut, one row per current table: its snapshot as of that batch
+CUT_TAG = "binlake_cut"  # Iceberg tag on each current table: its snapshot in the newest cut
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _ESCAPE = re.compile(r"__x([0-9a-f]+)_")
 
@@ -71,6 +73,11 @@ def unescape(ident: str) -> str:
 def quote(ident: str) -> str:
     """A Spark SQL identifier in backticks (backticks doubled)."""
     return "`" + ident.replace("`", "``") + "`"
+
+
+def sql_string(text: str) -> str:
+    """A Spark SQL string literal of any text (hex, so no quoting rules apply)."""
+    return f"CAST(X'{text.encode().hex()}' AS STRING)"
 
 
 @dataclass(frozen=True)
