@@ -131,3 +131,21 @@ async def inspect_source(dsn: MysqlUrl) -> SourceInfo:
         server_id=int(variables.get("server_id") or 0),
         gtids=gtid_on,
     )
+
+
+async def gtid_state_at(dsn: MysqlUrl, file: str, offset: int) -> str | None:
+    """MariaDB: the GTID state of the server's binlog at `file`:`offset` (None where it has no such
+    file or no event boundary there). Reads that file up to `offset`; the parser asks once per run."""
+    try:
+        conn = await asyncmy.connect(**dsn.asyncmy_settings(), autocommit=True)
+    except (asyncmy.errors.MySQLError, OSError) as exc:
+        raise map_mysql_error(exc, dsn.address) from exc
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, offset))
+            row = await cur.fetchone()
+    except asyncmy.errors.MySQLError as exc:
+        raise map_mysql_error(exc, dsn.address) from exc
+    finally:
+        conn.close()
+    return None if row is None or row[0] is None else str(row[0])

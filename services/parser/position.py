@@ -66,6 +66,21 @@ async def read_tail(js: JetStreamContext, names: Names, source: str) -> Tail | N
     return Tail(resume, skip, mid)
 
 
+async def last_order(js: JetStreamContext, names: Names, subject: str) -> tuple[int, int] | None:
+    """The order key (scn, chunk) of the last message BINLAKE_RAW holds for the raw subject `subject`."""
+    msg = await last_msg(js, names.raw_stream, names.raw_stored_filter(subject))
+    if msg is None or msg.data is None:
+        return None
+    try:
+        env = envelope.decode(msg.data)
+        return int(env["scn"]), int(env.get("chunk") or 0)
+    except (envelope.EnvelopeError, KeyError, TypeError, ValueError) as exc:
+        raise StreamMismatch(
+            f"the last message of {msg.subject} in {names.raw_stream} (seq {msg.seq}) has no order key ({exc!r}); "
+            f"only the parser may write to the raw stream: remove that message (nats stream rmm {names.raw_stream} "
+            f"{msg.seq}) and restart") from None
+
+
 def _resume_of(env: dict[str, object]) -> tuple[Resume, SkipMark | None]:
     """The resume point and skip mark of a parser's envelope, each field checked."""
     resume, txn = env["resume"], env["txn"]

@@ -77,6 +77,7 @@ class Outgoing:
     last: bool
     blob: bytes | None = None  # the whole envelope when `data` is its reference (`shared.objects`)
     blob_ref: objects.Ref | None = None  # the object `blob` goes to
+    order: tuple[int, int] | None = None  # (scn, chunk) of a message on a table's subject (`order_guard`)
 
     def size(self) -> int:
         """Bytes it holds (the bound of the parser's buffers)."""
@@ -375,12 +376,13 @@ class Assembler:
                   schema_id: str | None) -> Outgoing:
         mid = envelope.msg_id(self.source, env["scn"], env["chunk"])
         table = env["table"]
+        order: tuple[int, int] | None = None
         if env["op"] == "ddl" and not table:
             subject = self.names.raw_internal(self.source, DDL_TABLE)
         else:
-            subject = self.names.raw(self.source, env["db"], table)
+            subject, order = self.names.raw(self.source, env["db"], table), (env["scn"], env["chunk"])
         rows = len(env.get("rows") or ())
         headers = envelope.headers(env, mid)
         if schema_id:
             headers["Binlake-Schema"] = schema_id
-        return Outgoing(subject, data, mid, headers, env["op"], env["ts"], rows, resume, last)
+        return Outgoing(subject, data, mid, headers, env["op"], env["ts"], rows, resume, last, order=order)
