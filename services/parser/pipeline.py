@@ -81,7 +81,7 @@ class Pipeline:
             start = await self._resume(info, last, tail.skip.txn_id if tail and tail.skip else None)
         else:
             fresh = info.current if cfg.start == "current" else info.earliest
-            start = Resume(fresh.file, fresh.offset, fresh.gtid, info.server_id)
+            start = Resume(fresh.file, fresh.offset, fresh.gtid, info.server_id, uuid=info.server_uuid)
         origin = "stream" if tail else "saved position" if saved else f"BINLAKE_START={cfg.start}"
         if not start.gtid and start.file not in info.binlogs:
             raise BinlogPurged(f"binlog {start.file} ({origin} {start.file}:{start.offset}) is no longer on the "
@@ -103,7 +103,7 @@ class Pipeline:
     async def _resume(self, info: SourceInfo, last: Resume, unfinished: str | None) -> Resume:
         """Where to continue after `last` on the server `info` describes (`failover`)."""
         there = await gtid_state_at(self.dsn, last.file, last.offset) if info.mariadb and last.gtid else None
-        moved = other_history(last, info.mariadb, there)
+        moved = other_history(last, info.mariadb, there, info.server_uuid)
         start = resume_on(last, info.server_id, info.mariadb, info.current.gtid, unfinished, moved=moved)
         if start.epoch != last.epoch:
             self.log.warning("pipeline.server_switched", server_id=info.server_id, previous=last.server,
@@ -116,8 +116,10 @@ class Pipeline:
         # MariaDB resumes by GTID; MySQL by file and offset on the same server (exact, and it never
         # streams a file from its start, which fails on transactions logged before gtid_mode=ON),
         # by GTID set on another one.
-        by_gtid = bool(start.gtid) and (info.mariadb or start.server != info.server_id)
+        by_gtid = bool(start.gtid) and (info.mariadb or start.server != info.server_id
+                                        or start.uuid not in (None, info.server_uuid))
         asm = Assembler(cfg.source, self.names, start, max_payload=self.nc.max_payload, server=info.server_id,
+                        uuid=info.server_uuid,
                         epoch=start.epoch, skip=tail.skip if tail else None, mariadb=info.mariadb,
                         gtids=info.gtids, by_gtid=by_gtid, ignore=frozenset({cfg.watermark}),
                         lower_names=info.lower_case_table_names == 1)

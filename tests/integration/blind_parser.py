@@ -7,7 +7,7 @@ from services.parser.__main__ import main
 from services.parser.transactions import Resume
 
 
-def _never(last: Resume, mariadb: bool, there: str | None) -> bool:
+def _never(last: Resume, mariadb: bool, there: str | None, server_uuid: str | None = None) -> bool:
     return False
 
 

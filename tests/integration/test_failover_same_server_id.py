@@ -1,6 +1,6 @@
 """Failover between servers that share a server_id (DESIGN §8.2, §8.8).
 
-A primary and a replica that logs what it replicates, both MariaDB; the primary's binlog
+A primary and a replica that logs what it replicates (MariaDB, or MySQL); the primary's binlog
 numbers run ahead of the replica's (it flushed its logs), so every position of the replica is
 lower than the primary's. The primary dies, the replica is promoted and given the primary's
 server_id (Galera nodes, clones and replicas configured alike share it), and the parser is
@@ -22,7 +22,7 @@ import pytest
 from services.launcher.processes import ServiceProcess
 from tests.integration.conftest import ParserFactory
 from tests.integration.support import StoredMsg, parser_env, read_stream_sync, replay, wait_until
-from tests.servers import MariaDB
+from tests.servers import MariaDB, MySQL
 
 DB, TABLES = "shop", ("a", "b")
 
@@ -64,26 +64,46 @@ def assert_increasing(msgs: list[StoredMsg]) -> None:
 
 
 def fail_over_to_a_replica_with_the_same_server_id(
-        mariadb_factory: Callable[..., MariaDB], parser_factory: ParserFactory, nats_url: str,
+        servers: Callable[[], tuple[MariaDB, MariaDB]], parser_factory: ParserFactory, nats_url: str,
         rng: random.Random, ids: list[int]) -> MariaDB:
     """Publish a workload from the primary, kill it, and promote its replica under server_id 1."""
-    primary = mariadb_factory()
-    replica = mariadb_factory(extra_args=["--server-id=2"])
+    primary, replica = servers()
+    mariadb = not isinstance(primary, MySQL)
     primary.execute(*["FLUSH NO_WRITE_TO_BINLOG BINARY LOGS"] * 3, f"CREATE DATABASE {DB}",
                     *(f"CREATE TABLE {DB}.{t} (id INT PRIMARY KEY, v INT)" for t in TABLES))
-    replica.execute(f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port}, MASTER_USER='root', "
-                    "MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos", "START SLAVE")
+    if mariadb:
+        replica.execute(f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port}, MASTER_USER='root', "
+                        "MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos", "START SLAVE")
+    else:
+        replica.execute(f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='127.0.0.1', SOURCE_PORT={primary.port}, "
+                        "SOURCE_USER='root', SOURCE_PASSWORD='', SOURCE_AUTO_POSITION=1, GET_SOURCE_PUBLIC_KEY=1",
+                        "START REPLICA")
     first = parser_factory(BINLAKE_SOURCE_URL=primary.dsn(), BINLAKE_START="earliest")
     workload(primary, rng, 60, ids)
     wait_until(lambda: all(replay(read_stream_sync(nats_url), DB, t) == rows(primary, t) for t in TABLES), 120,
                "the parser to publish the primary's workload")
     first.stop()
-    pos = primary.query("SELECT @@gtid_binlog_pos")[0][0]
-    assert replica.query(f"SELECT MASTER_GTID_WAIT('{pos}', 60)")[0][0] == 0
+    if mariadb:
+        pos = primary.query("SELECT @@gtid_binlog_pos")[0][0]
+        assert replica.query(f"SELECT MASTER_GTID_WAIT('{pos}', 60)")[0][0] == 0
+    else:
+        executed = primary.query("SELECT @@gtid_executed")[0][0]
+        assert replica.query("SELECT WAIT_FOR_EXECUTED_GTID_SET(%s, 60)", executed)[0][0] == 0
     primary.kill()
-    replica.execute("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL server_id = 1")
+    replica.execute(*(("STOP SLAVE", "RESET SLAVE ALL") if mariadb else ("STOP REPLICA", "RESET REPLICA ALL")),
+                    "SET GLOBAL server_id = 1")
     assert replica.query("SHOW BINARY LOGS")[-1][0] < primary_file(read_stream_sync(nats_url))
     return replica
+
+
+def mariadb_pair(request: pytest.FixtureRequest) -> Callable[[], tuple[MariaDB, MariaDB]]:
+    make: Callable[..., MariaDB] = request.getfixturevalue("mariadb_factory")
+    return lambda: (make(), make(extra_args=["--server-id=2"]))
+
+
+def mysql_pair(request: pytest.FixtureRequest) -> Callable[[], tuple[MariaDB, MariaDB]]:
+    make: Callable[..., MySQL] = request.getfixturevalue("mysql_factory")
+    return lambda: (make(), make(server_id=2))
 
 
 def primary_file(msgs: list[StoredMsg]) -> str:
@@ -91,11 +111,14 @@ def primary_file(msgs: list[StoredMsg]) -> str:
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("flavour", ["mariadb", "mysql"])
 def test_the_parser_sees_another_server_with_the_same_server_id_and_moves_to_the_next_epoch(
-        mariadb_factory: Callable[..., MariaDB], parser_factory: ParserFactory,
+        flavour: str, request: pytest.FixtureRequest, parser_factory: ParserFactory,
         sink_factory: Callable[..., ServiceProcess], nats_url: str) -> None:
+    """MariaDB: its binlog at the resume point differs; MySQL: its server_uuid differs."""
     rng, ids = random.Random(28), list[int]()
-    replica = fail_over_to_a_replica_with_the_same_server_id(mariadb_factory, parser_factory, nats_url, rng, ids)
+    servers = mariadb_pair(request) if flavour == "mariadb" else mysql_pair(request)
+    replica = fail_over_to_a_replica_with_the_same_server_id(servers, parser_factory, nats_url, rng, ids)
     sink_factory("sink")
     second = parser_factory(wait_ready=False, log_name="parser-2.log", BINLAKE_SOURCE_URL=replica.dsn())
     workload(replica, rng, 60, ids)
@@ -114,10 +137,10 @@ def test_the_parser_sees_another_server_with_the_same_server_id_and_moves_to_the
 
 @pytest.mark.timeout(400)
 def test_a_parser_blind_to_the_switch_halts_before_an_order_key_goes_backwards(
-        mariadb_factory: Callable[..., MariaDB], parser_factory: ParserFactory, nats_url: str,
-        tmp_path: Path) -> None:
+        request: pytest.FixtureRequest, parser_factory: ParserFactory, nats_url: str, tmp_path: Path) -> None:
     rng, ids = random.Random(29), list[int]()
-    replica = fail_over_to_a_replica_with_the_same_server_id(mariadb_factory, parser_factory, nats_url, rng, ids)
+    replica = fail_over_to_a_replica_with_the_same_server_id(mariadb_pair(request), parser_factory, nats_url, rng,
+                                                             ids)
     before = read_stream_sync(nats_url)
     blind = ServiceProcess("tests.integration.blind_parser",
                            parser_env(replica, nats_url, BINLAKE_SOURCE_URL=replica.dsn()),

@@ -96,3 +96,13 @@ def test_another_server_with_the_same_server_id_continues_by_gtid_in_the_next_ep
     assert resume_on(LAST, 1, True, "0-1-130", moved=True) == Resume("mysql-bin.000007", 1234, "0-1-120", 1, 1)
     with pytest.raises(SourceSwitched, match=r"another server with server_id 1 .* lacks transactions"):
         resume_on(LAST, 1, True, "0-1-100", moved=True)
+
+
+def test_mysql_tells_servers_with_the_same_server_id_apart_by_server_uuid():
+    last = Resume("binlog.000007", 1234, f"{U1}:1-120", server=1, uuid=U1)
+    assert not other_history(last, False, None, U1)
+    assert other_history(last, False, None, U2)
+    assert not other_history(Resume("binlog.000007", 1234, f"{U1}:1-120", server=1), False, None, U2)  # unrecorded
+    moved = resume_on(last, 1, False, f"{U1}:1-130", moved=True)
+    assert moved == Resume("binlog.000007", 1234, f"{U1}:1-120", 1, 1, U1)
+    assert Resume.from_dict(moved.to_dict()) == moved
