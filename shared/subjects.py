@@ -194,6 +194,13 @@ class Names:
             f".{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}",
         )
 
+    def raw_stored_filter(self, subject: str) -> str:
+        """Every stored subject (any partition) of the raw subject `subject` the parser publishes to."""
+        parts = subject.split(".")
+        if len(parts) != 5 or parts[0] != self.prefix or parts[1] != "raw":
+            raise ValueError(f"not a raw subject: {subject!r}")
+        return f"{self.prefix}.raw.{parts[2]}.*.{parts[3]}.{parts[4]}"
+
     def raw_stored(self, source: str, db: str, table: str, partitions: int) -> str:
         """The subject a raw message is stored under, computed the way the server does."""
         s, d, t = escape_token(source), escape_token(db), escape_token(table)

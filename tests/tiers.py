@@ -16,7 +16,8 @@ TIERS = ("heavy", "system", "component", "unit")  # also the run order after the
 
 _SYSTEM = {"test_loader", "test_hostile_names", "test_service_users", "test_up", "test_memory", "test_snapshot",
            "test_sink_rules", "test_stream_identity"}
-_HEAVY = {"test_compose_stack", "test_nats_cluster", "test_spark_cluster", "test_failover"}
+_HEAVY = {"test_compose_stack", "test_nats_cluster", "test_spark_cluster", "test_failover",
+          "test_failover_same_server_id"}
 
 
 # Seconds a module takes in a full run on three workers (the --durations of .ci/run, 2 cores): the

@@ -21,7 +21,7 @@ from shared.mysql import TLS_CIPHER_SQL, MysqlUrl, binlog_status_sql, map_mysql_
 _VARIABLES = (
     "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "log_bin_compress",
     "binlog_transaction_compression", "binlog_row_value_options", "gtid_mode", "server_id", "version",
-    "gtid_binlog_pos", "lower_case_table_names",
+    "gtid_binlog_pos", "lower_case_table_names", "server_uuid",
 )
 
 
@@ -36,6 +36,7 @@ class SourceInfo:
     # database and table names in lower case, however a statement spells them.
     lower_case_table_names: int = 0
     server_id: int = 0  # @@server_id: which server of the topology this is (`failover`)
+    server_uuid: str | None = None  # MySQL's @@server_uuid (MariaDB has none)
     gtids: bool = True  # transactions have GTIDs: MariaDB, MySQL with gtid_mode=ON
 
 
@@ -129,5 +130,24 @@ async def inspect_source(dsn: MysqlUrl) -> SourceInfo:
         binlogs=tuple(str(r[0]) for r in logs),
         lower_case_table_names=int(variables.get("lower_case_table_names") or 0),
         server_id=int(variables.get("server_id") or 0),
+        server_uuid=variables.get("server_uuid") or None,
         gtids=gtid_on,
     )
+
+
+async def gtid_state_at(dsn: MysqlUrl, file: str, offset: int) -> str | None:
+    """MariaDB: the GTID state of the server's binlog at `file`:`offset` (None where it has no such
+    file or no event boundary there). Reads that file up to `offset`; the parser asks once per run."""
+    try:
+        conn = await asyncmy.connect(**dsn.asyncmy_settings(), autocommit=True)
+    except (asyncmy.errors.MySQLError, OSError) as exc:
+        raise map_mysql_error(exc, dsn.address) from exc
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, offset))
+            row = await cur.fetchone()
+    except asyncmy.errors.MySQLError as exc:
+        raise map_mysql_error(exc, dsn.address) from exc
+    finally:
+        conn.close()
+    return None if row is None or row[0] is None else str(row[0])

@@ -17,10 +17,11 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from services.parser.binlog import BinlogReader
-from services.parser.checks import SourceInfo, inspect_source
+from services.parser.checks import SourceInfo, gtid_state_at, inspect_source
 from services.parser.config import ParserConfig
-from services.parser.failover import resume_on
-from services.parser.position import Tail, read_tail, saved_position
+from services.parser.failover import other_history, resume_on
+from services.parser.order_guard import OrderGuard
+from services.parser.position import Tail, last_order, read_tail, saved_position
 from services.parser.publisher import Publisher
 from services.parser.snapshot.snapshotter import AckedScn, Snapshotter
 from services.parser.snapshot.windows import Windows
@@ -77,14 +78,10 @@ class Pipeline:
         saved = None if tail else await saved_position(self.cursors, cfg.source)
         last = tail.resume if tail else saved
         if last is not None:
-            start = resume_on(last, info.server_id, info.mariadb, info.current.gtid,
-                              tail.skip.txn_id if tail and tail.skip else None)
-            if start.epoch != last.epoch:
-                self.log.warning("pipeline.server_switched", server_id=info.server_id, previous=last.server,
-                                 gtid=start.gtid, epoch=start.epoch)
+            start = await self._resume(info, last, tail.skip.txn_id if tail and tail.skip else None)
         else:
             fresh = info.current if cfg.start == "current" else info.earliest
-            start = Resume(fresh.file, fresh.offset, fresh.gtid, info.server_id)
+            start = Resume(fresh.file, fresh.offset, fresh.gtid, info.server_id, uuid=info.server_uuid)
         origin = "stream" if tail else "saved position" if saved else f"BINLAKE_START={cfg.start}"
         if not start.gtid and start.file not in info.binlogs:
             raise BinlogPurged(f"binlog {start.file} ({origin} {start.file}:{start.offset}) is no longer on the "
@@ -103,14 +100,26 @@ class Pipeline:
         finally:
             await acks.close()
 
+    async def _resume(self, info: SourceInfo, last: Resume, unfinished: str | None) -> Resume:
+        """Where to continue after `last` on the server `info` describes (`failover`)."""
+        there = await gtid_state_at(self.dsn, last.file, last.offset) if info.mariadb and last.gtid else None
+        moved = other_history(last, info.mariadb, there, info.server_uuid)
+        start = resume_on(last, info.server_id, info.mariadb, info.current.gtid, unfinished, moved=moved)
+        if start.epoch != last.epoch:
+            self.log.warning("pipeline.server_switched", server_id=info.server_id, previous=last.server,
+                             same_server_id=last.server == info.server_id, gtid=start.gtid, epoch=start.epoch)
+        return start
+
     async def _run(self, info: SourceInfo, start: Resume, origin: str, tail: Tail | None,
                    publisher: Publisher) -> None:
         cfg = self.cfg
         # MariaDB resumes by GTID; MySQL by file and offset on the same server (exact, and it never
         # streams a file from its start, which fails on transactions logged before gtid_mode=ON),
         # by GTID set on another one.
-        by_gtid = bool(start.gtid) and (info.mariadb or start.server != info.server_id)
+        by_gtid = bool(start.gtid) and (info.mariadb or start.server != info.server_id
+                                        or start.uuid not in (None, info.server_uuid))
         asm = Assembler(cfg.source, self.names, start, max_payload=self.nc.max_payload, server=info.server_id,
+                        uuid=info.server_uuid,
                         epoch=start.epoch, skip=tail.skip if tail else None, mariadb=info.mariadb,
                         gtids=info.gtids, by_gtid=by_gtid, ignore=frozenset({cfg.watermark}),
                         lower_names=info.lower_case_table_names == 1)
@@ -132,7 +141,8 @@ class Pipeline:
         snapshotter = Snapshotter(cfg, self.js, self.cursors, windows, self.acked, self.registry)
         thread = threading.Thread(target=reader.run, name="binlog-reader", daemon=True)
         thread.start()
-        pump = asyncio.create_task(self._pump(bridge, publisher, reader))
+        guard = OrderGuard(lambda subject: last_order(self.js, self.names, subject))
+        pump = asyncio.create_task(self._pump(bridge, publisher, reader, guard))
         snapshots = asyncio.create_task(snapshotter.run())
         try:
             done, _ = await asyncio.wait({pump, snapshots}, return_when=asyncio.FIRST_COMPLETED)
@@ -155,8 +165,9 @@ class Pipeline:
             self._export(reader)
             await asyncio.get_running_loop().run_in_executor(None, thread.join, 10.0)
 
-    async def _pump(self, bridge: ThreadBridge[Outgoing], publisher: Publisher, reader: BinlogReader) -> None:
-        """Binlog thread -> JetStream, until the reader fails."""
+    async def _pump(self, bridge: ThreadBridge[Outgoing], publisher: Publisher, reader: BinlogReader,
+                    guard: OrderGuard) -> None:
+        """Binlog thread -> JetStream, every message checked by `guard`, until the reader fails."""
         counted = 0
         while True:
             batch = bridge.get_nowait()
@@ -169,6 +180,8 @@ class Pipeline:
                     batch = await bridge.get()
                 except EOFError:
                     raise SourceUnavailable("the binlog reader stopped") from None
+            for msg in batch:
+                await guard.check(msg)
             await publisher.publish(batch)
 
     def _export(self, reader: BinlogReader) -> None:

@@ -66,6 +66,21 @@ async def read_tail(js: JetStreamContext, names: Names, source: str) -> Tail | N
     return Tail(resume, skip, mid)
 
 
+async def last_order(js: JetStreamContext, names: Names, subject: str) -> tuple[int, int] | None:
+    """The order key (scn, chunk) of the last message BINLAKE_RAW holds for the raw subject `subject`."""
+    msg = await last_msg(js, names.raw_stream, names.raw_stored_filter(subject))
+    if msg is None or msg.data is None:
+        return None
+    try:
+        env = envelope.decode(msg.data)
+        return int(env["scn"]), int(env.get("chunk") or 0)
+    except (envelope.EnvelopeError, KeyError, TypeError, ValueError) as exc:
+        raise StreamMismatch(
+            f"the last message of {msg.subject} in {names.raw_stream} (seq {msg.seq}) has no order key ({exc!r}); "
+            f"only the parser may write to the raw stream: remove that message (nats stream rmm {names.raw_stream} "
+            f"{msg.seq}) and restart") from None
+
+
 def _resume_of(env: dict[str, object]) -> tuple[Resume, SkipMark | None]:
     """The resume point and skip mark of a parser's envelope, each field checked."""
     resume, txn = env["resume"], env["txn"]
@@ -76,7 +91,9 @@ def _resume_of(env: dict[str, object]) -> tuple[Resume, SkipMark | None]:
         raise ValueError(f"resume {resume!r} is no binlog position")
     if gtid is not None and not isinstance(gtid, str):
         raise TypeError(f"resume gtid {gtid!r} is not text")
-    server, epoch = resume.get("server"), resume.get("epoch", 0)
+    server, epoch, uuid = resume.get("server"), resume.get("epoch", 0), resume.get("uuid")
+    if uuid is not None and not isinstance(uuid, str):
+        raise TypeError(f"resume uuid {uuid!r} is not text")
     if (server is not None and (isinstance(server, bool) or not isinstance(server, int))) or isinstance(
             epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= envelope.MAX_EPOCH:
         raise TypeError(f"resume server {server!r} or epoch {epoch!r} is not a server id and an epoch")
@@ -85,10 +102,10 @@ def _resume_of(env: dict[str, object]) -> tuple[Resume, SkipMark | None]:
     if not isinstance(last, bool):
         raise TypeError(f"txn.last {last!r} is not a bool")
     if last:
-        return Resume(file, offset, gtid, server, epoch), None
+        return Resume(file, offset, gtid, server, epoch, uuid), None
     if not isinstance(txn_id, str) or isinstance(i, bool) or not isinstance(i, int):
         raise TypeError(f"txn {txn!r} of an unfinished transaction lacks its id or index")
-    return Resume(file, offset, gtid, server, epoch), SkipMark(txn_id, i)
+    return Resume(file, offset, gtid, server, epoch, uuid), SkipMark(txn_id, i)
 
 
 async def saved_position(kv: KeyValue, source: str) -> Resume | None:
@@ -109,9 +126,9 @@ async def saved_position(kv: KeyValue, source: str) -> Resume | None:
         server, epoch = saved.get("server"), int(saved.get("epoch") or 0)
         if not 0 <= epoch <= envelope.MAX_EPOCH:
             raise ValueError(f"epoch {epoch} out of range")
-        gtid = saved.get("gtid")
+        gtid, uuid = saved.get("gtid"), saved.get("uuid")
         return Resume(str(saved["file"]), int(saved["offset"]), None if gtid is None else str(gtid),
-                      None if server is None else int(server), epoch)
+                      None if server is None else int(server), epoch, None if uuid is None else str(uuid))
     except (ValueError, KeyError, TypeError) as exc:
         raise StreamMismatch(
             f"the saved parser position {keys.parser_cursor(source)!r} is unreadable ({exc!r}); only the parser "
@@ -159,7 +176,7 @@ class PositionReporter:
         r = msg.resume
         scn = envelope.scn(r.file, r.offset, r.epoch)
         value = json.dumps({"source": self._source, "file": r.file, "offset": r.offset, "gtid": r.gtid,
-                            "server": r.server, "epoch": r.epoch, "scn": scn, "ts": msg.ts,
+                            "server": r.server, "uuid": r.uuid, "epoch": r.epoch, "scn": scn, "ts": msg.ts,
                             "lag_ms": max(0, now_ms - msg.ts), "updated_ms": now_ms}).encode()
         written = await cas.write_forward(
             self._kv, self._key, value, self._revision,

@@ -30,14 +30,15 @@ INNER_CHUNKS = 1 << 24
 @dataclass(frozen=True)
 class Resume:
     """Where a reader restarts: binlog file/offset and the GTID state (MariaDB: the last GTID of each
-    domain; MySQL: the executed GTID set, None when unknown); the server (its server_id) those
-    belong to and the epoch of the order keys (`envelope.scn`)."""
+    domain; MySQL: the executed GTID set, None when unknown); the server (its server_id, and on
+    MySQL its server_uuid) those belong to and the epoch of the order keys (`envelope.scn`)."""
 
     file: str
     offset: int
     gtid: str | None = None
     server: int | None = None
     epoch: int = 0
+    uuid: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"file": self.file, "offset": self.offset, "gtid": self.gtid}
@@ -45,13 +46,16 @@ class Resume:
             out["server"] = self.server
         if self.epoch:
             out["epoch"] = self.epoch
+        if self.uuid is not None:
+            out["uuid"] = self.uuid
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Resume:
         server = d.get("server")
         return cls(file=d["file"], offset=int(d["offset"]), gtid=d.get("gtid"),
-                   server=None if server is None else int(server), epoch=int(d.get("epoch") or 0))
+                   server=None if server is None else int(server), epoch=int(d.get("epoch") or 0),
+                   uuid=d.get("uuid"))
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class Outgoing:
     last: bool
     blob: bytes | None = None  # the whole envelope when `data` is its reference (`shared.objects`)
     blob_ref: objects.Ref | None = None  # the object `blob` goes to
+    order: tuple[int, int] | None = None  # (scn, chunk) of a message on a table's subject (`order_guard`)
 
     def size(self) -> int:
         """Bytes it holds (the bound of the parser's buffers)."""
@@ -120,6 +125,7 @@ class Assembler:
     # the server stores them and the rows' TableMaps carry them, however the statement spells them.
     lower_names: bool = False
     server: int | None = None  # the source's server_id
+    uuid: str | None = None  # MySQL: the source's server_uuid
     epoch: int = 0  # of the order keys (`envelope.scn`): servers moved to so far
     gtids: bool = True  # the source has GTIDs (MariaDB; MySQL with gtid_mode=ON): track them
     # The stream is opened by GTID (MariaDB; MySQL on another server than `start`'s). Its first
@@ -296,7 +302,7 @@ class Assembler:
     # -- internals ----------------------------------------------------------------------
 
     def _at(self, file: str, offset: int, gtid: str | None) -> Resume:
-        return Resume(file, offset, gtid, self.server, self.epoch)
+        return Resume(file, offset, gtid, self.server, self.epoch, self.uuid)
 
     def _state_str(self) -> str | None:
         if self.mariadb:
@@ -375,12 +381,13 @@ class Assembler:
                   schema_id: str | None) -> Outgoing:
         mid = envelope.msg_id(self.source, env["scn"], env["chunk"])
         table = env["table"]
+        order: tuple[int, int] | None = None
         if env["op"] == "ddl" and not table:
             subject = self.names.raw_internal(self.source, DDL_TABLE)
         else:
-            subject = self.names.raw(self.source, env["db"], table)
+            subject, order = self.names.raw(self.source, env["db"], table), (env["scn"], env["chunk"])
         rows = len(env.get("rows") or ())
         headers = envelope.headers(env, mid)
         if schema_id:
             headers["Binlake-Schema"] = schema_id
-        return Outgoing(subject, data, mid, headers, env["op"], env["ts"], rows, resume, last)
+        return Outgoing(subject, data, mid, headers, env["op"], env["ts"], rows, resume, last, order=order)

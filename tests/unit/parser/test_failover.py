@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.parser.failover import SourceSwitched, resume_on
+from services.parser.failover import SourceSwitched, other_history, resume_on
 from services.parser.transactions import Resume
 from shared import envelope
 
@@ -74,3 +74,35 @@ def test_mysql_refuses_a_server_that_lacks_published_transactions(server_gtid, m
     with pytest.raises(SourceSwitched, match="lacks transactions") as err:
         resume_on(MYSQL_LAST, 2, False, server_gtid)
     assert missing in str(err.value)
+
+
+@pytest.mark.parametrize(("there", "moved"), [
+    ("0-1-120", False),  # the same binlog: the state binlake recorded at that position
+    ("0-1-120,1-5-9", False),  # a domain binlake never saw in its stream changes nothing
+    (None, True),  # no such file, or no event boundary at that offset
+    ("0-1-97", True),  # another history reaches that offset
+    ("", True),
+])
+def test_a_server_with_the_same_server_id_is_another_when_its_binlog_differs_at_the_position(there, moved):
+    assert other_history(LAST, True, there) is moved
+
+
+def test_only_a_mariadb_position_with_a_gtid_state_can_be_checked():
+    assert not other_history(LAST, False, None)
+    assert not other_history(Resume("mysql-bin.000007", 1234, None, server=1), True, None)
+
+
+def test_another_server_with_the_same_server_id_continues_by_gtid_in_the_next_epoch():
+    assert resume_on(LAST, 1, True, "0-1-130", moved=True) == Resume("mysql-bin.000007", 1234, "0-1-120", 1, 1)
+    with pytest.raises(SourceSwitched, match=r"another server with server_id 1 .* lacks transactions"):
+        resume_on(LAST, 1, True, "0-1-100", moved=True)
+
+
+def test_mysql_tells_servers_with_the_same_server_id_apart_by_server_uuid():
+    last = Resume("binlog.000007", 1234, f"{U1}:1-120", server=1, uuid=U1)
+    assert not other_history(last, False, None, U1)
+    assert other_history(last, False, None, U2)
+    assert not other_history(Resume("binlog.000007", 1234, f"{U1}:1-120", server=1), False, None, U2)  # unrecorded
+    moved = resume_on(last, 1, False, f"{U1}:1-130", moved=True)
+    assert moved == Resume("binlog.000007", 1234, f"{U1}:1-120", 1, 1, U1)
+    assert Resume.from_dict(moved.to_dict()) == moved

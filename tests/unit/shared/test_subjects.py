@@ -104,6 +104,16 @@ def test_raw_stored_round_trip(db, table):
     assert n.parse_raw_stored(subject) == ("main", part, db, table)
 
 
+@pytest.mark.parametrize(("db", "table"), [("shop", "orders"), ("a.b", "c d"), ("\u00fc", "*>")])
+def test_the_stored_filter_of_a_raw_subject_matches_its_stored_subject_in_any_partition(db, table):
+    n = Names()
+    pattern = n.raw_stored_filter(n.raw("main", db, table)).split(".")
+    stored = n.raw_stored("main", db, table, 16).split(".")
+    assert len(pattern) == len(stored) and all(p in ("*", s) for p, s in zip(pattern, stored, strict=True))
+    with pytest.raises(ValueError, match="not a raw subject"):
+        n.raw_stored_filter(".".join(stored))
+
+
 @pytest.mark.parametrize("subject", ["binlake.raw.main.shop.orders", "other.raw.main.1.d.t", "binlake.cdc.m.1.d.t"])
 def test_parse_raw_stored_rejects_other_subjects(subject):
     with pytest.raises(ValueError, match="not a stored raw subject"):
