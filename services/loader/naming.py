@@ -21,6 +21,7 @@ LIVE_SUFFIX = "__live"
 BOOK_NAMESPACE = "_binlake"  # bookkeeping tables: never an escaped source name (no leading single `_`)
 COMMITS_TABLE = "commits"  # one row per batch committed to every table it touched
 RENAMES_TABLE = "renames"  # one row per RENAME TABLE the lake followed
+HELD_TABLE = "held"  # the changes of tables set aside, until they load again
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _ESCAPE = re.compile(r"__x([0-9a-f]+)_")
 
@@ -70,6 +71,11 @@ def unescape(ident: str) -> str:
 def quote(ident: str) -> str:
     """A Spark SQL identifier in backticks (backticks doubled)."""
     return "`" + ident.replace("`", "``") + "`"
+
+
+def sql_str(text: str) -> str:
+    """A Spark SQL string literal of any text (hex, so no quoting rule applies)."""
+    return f"CAST(X'{text.encode().hex()}' AS STRING)"
 
 
 @dataclass(frozen=True)
