@@ -96,8 +96,7 @@ class Lake:
         for r in self.spark.sql(f"SELECT old_db, old_table, max(scn) FROM {self.renames} GROUP BY 1, 2").collect():
             self._renamed[(str(r[0]), str(r[1]))] = int(r[2])
         self.holds.load()
-        for key in list(self.holds.tables):
-            self._retry(key)
+        self.retry_held()
         for ns in self.ice.namespaces():  # every table, so that un-merged tails are merged after a restart
             for ident in self.ice.tables(ns):
                 found = source_of(ns, ident)
@@ -213,6 +212,10 @@ class Lake:
         self._tables.pop(key, None)  # reloaded from the lake when it loads again
         if first:
             self.log.error("lake.table_held", table=f"{key[0]}.{key[1]}", batch=batch, reason=reason)
+
+    def retry_held(self) -> list[str]:
+        """Try every table set aside again; the names of those that load again."""
+        return [f"{db}.{table}" for db, table in list(self.holds.tables) if self._retry((db, table))]
 
     def _retry(self, key: tuple[str, str]) -> bool:
         """Apply a held table's kept changes; release it when they all went in."""

@@ -5,18 +5,27 @@ In-process on the test session's Spark, as test_lake.py: real Iceberg tables, re
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import structlog
 from pyspark.sql import SparkSession
 
+from services.loader.config import LoaderConfig
 from services.loader.lake import Lake, MergePolicy
+from services.loader.loader import Loader
+from services.loader.maintenance import Maintenance
 from services.loader.spark import CatalogConfig, register
+from services.ops import status
+from shared import jetstream
+from shared.health import Conditions
+from shared.metrics import Registry, serve
+from shared.store_client import StoreClient
 from tests.integration.lake_feed import Feed
 
 pytestmark = pytest.mark.timeout(900)  # Spark on 2 cores
@@ -89,3 +98,57 @@ def test_a_table_the_lake_refuses_is_held_while_the_others_load_then_resumes_equ
     fixed.apply(b4[-1][0], b4)
     assert current(fixed, "d", "u") == Counter({(i, f"u{i}"): 1 for i in range(2, 8)})
     assert current(fixed, "d", "t") == Counter({(i, f"t{i}"): 1 for i in range(1, 9)})
+
+
+async def _get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    head, _, body = data.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def test_a_held_table_shows_in_status_healthz_and_metrics_until_the_loader_retries_it(
+        lake_factory, nats_url, monkeypatch):
+    lake = lake_factory()
+    f = Feed()
+    b1 = [inserts(f, "t", range(1, 3), "t"), inserts(f, "u", range(1, 3), "u")]
+    lake.apply(b1[-1][0], b1)
+    u = lake.table("d", "u")
+    assert u is not None
+    lake.spark.sql(f"ALTER TABLE {u.names.changelog} SET TBLPROPERTIES ('write.format.default'='bogus')")
+    b2 = [inserts(f, "u", range(3, 5), "u"), inserts(f, "t", range(3, 5), "t")]
+    lake.apply(b2[-1][0], b2)
+
+    prefix = f"iso{next(_catalogs)}"
+    cfg = LoaderConfig(nats_url=nats_url, prefix=prefix, source="main", retry_held_s=0.0)
+    registry, conditions = Registry(), Conditions()
+    nc = await jetstream.connect(nats_url, name="test")
+    server = await serve(registry, "127.0.0.1", 0, conditions.problem)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setenv("BINLAKE_NATS_URL", nats_url)
+    try:
+        loader = Loader(cfg, cast(StoreClient, None), lake, Maintenance(lake, 0, 0), registry, nc.jetstream(),
+                        None, conditions)
+        await loader._report_held()
+        code, body = await _get(port, "/healthz")
+        assert code == 503 and "d.u since batch" in body and "bogus" in body.lower()
+        assert "binlake_loader_tables_held 1" in (await _get(port, "/metrics"))[1]
+        shown = await status.collect(nats_url, prefix, "main", 1)
+        assert list(shown["held"]["loader"]) == ["d.u"]
+        assert "tables set aside by loader" in status.render(shown)
+        assert current(lake, "d", "t") == Counter({(i, f"t{i}"): 1 for i in range(1, 5)})
+
+        # The operator fixes the cause; the loader tries the table again on its own.
+        lake.spark.sql(f"ALTER TABLE {u.names.changelog} SET TBLPROPERTIES ('write.format.default'='parquet')")
+        loader._retry_held()
+        await loader._report_held()
+        assert await _get(port, "/healthz") == (200, "ok\n")
+        assert "binlake_loader_tables_held 0" in (await _get(port, "/metrics"))[1]
+        assert (await status.collect(nats_url, prefix, "main", 1))["held"] == {}
+        assert current(lake, "d", "u") == Counter({(i, f"u{i}"): 1 for i in range(1, 5)})
+    finally:
+        server.close()
+        await nc.close()
