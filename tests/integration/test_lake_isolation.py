@@ -152,3 +152,21 @@ async def test_a_held_table_shows_in_status_healthz_and_metrics_until_the_loader
     finally:
         server.close()
         await nc.close()
+
+
+def test_a_case_only_column_rename_is_followed(lake_factory):
+    lake = lake_factory()
+    f = Feed()
+    email = {"name": "Email", "type": "varchar", "nullable": True, "charset": "utf8mb4"}
+    b = [f.env("i", [{"after": {"id": i, "Email": f"e{i}"}} for i in range(1, 4)], [ID, email], ["id"]),
+         f.ddl("ALTER TABLE t RENAME COLUMN Email TO email",
+               {"kind": "alter", "renames": [], "ops": [{"op": "rename", "old": "Email", "new": "email"}]}),
+         f.env("u", [{"before": {"id": 2, "email": "e2"}, "after": {"id": 2, "email": "x"}}],
+               [ID, {**email, "name": "email"}], ["id"])]
+    lake.apply(b[-1][0], b)
+    assert not lake.holds.tables
+    t = lake.table("d", "t")
+    assert t is not None and list(t.columns) == ["id", "email"]
+    assert lake.spark.table(t.names.current).columns == ["id", "email"]
+    assert current(lake, "d", "t") == Counter({(1, "e1"): 1, (2, "x"): 1, (3, "e3"): 1})
+    assert "email" in lake.spark.table(t.names.changelog).columns
