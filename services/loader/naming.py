@@ -9,6 +9,11 @@ a table is `escape(table) + "__changelog"` and its live view `escape(table) + "_
 case-insensitive file systems) and never holds `__` followed by anything but `x<hex>_`, so
 the suffixes above and the bookkeeping namespace `_binlake` cannot be produced by any
 source name, and `unescape` recovers the source name exactly.
+
+Columns keep their source names, except those the lake's bookkeeping columns (`_binlake_…`)
+could meet: a source column matching `_+binlake_` (any case) gets one more leading `_`
+(`_binlake_x` -> `__binlake_x`, `__binlake_x` -> `___binlake_x`), so a lake column that starts
+with a single `_binlake_` is always the lake's own (`lake_column`, `source_column`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ RENAMES_TABLE = "renames"  # one row per RENAME TABLE the lake followed
 HELD_TABLE = "held"  # the changes of tables set aside, until they load again
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _ESCAPE = re.compile(r"__x([0-9a-f]+)_")
+_RESERVED_COLUMN = re.compile(r"_+binlake_", re.IGNORECASE)
 
 
 class LakeNameError(ValueError):
@@ -66,6 +72,21 @@ def unescape(ident: str) -> str:
     if escape(name) != ident:
         raise LakeNameError(f"{ident!r} is not an escaped source name")
     return name
+
+
+def lake_column(name: str) -> str:
+    """A source column's name in the lake."""
+    return "_" + name if _RESERVED_COLUMN.match(name) else name
+
+
+def source_column(name: str) -> str:
+    """The inverse of `lake_column` (a bookkeeping column comes back as it is)."""
+    return name[1:] if name.startswith("__") and _RESERVED_COLUMN.match(name) else name
+
+
+def reserved_column(name: str) -> bool:
+    """A source column that `lake_column` renames."""
+    return _RESERVED_COLUMN.match(name) is not None
 
 
 def quote(ident: str) -> str:

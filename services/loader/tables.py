@@ -42,7 +42,7 @@ def book_columns(data: Mapping[str, str], prev: Sequence[str]) -> dict[str, str]
 
 
 class ReservedColumn(FatalError):
-    """A source column whose name the lake keeps for its own bookkeeping."""
+    """A column named like the lake's bookkeeping that did not go through `naming.lake_column`."""
 
 
 def data_types(columns: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -51,7 +51,7 @@ def data_types(columns: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     if reserved:
         raise ReservedColumn(
             f"column(s) {reserved} start with {frames.BOOK_PREFIX!r}, which the lake keeps for its bookkeeping "
-            "columns; rename them in the source or drop them with a sink column rule (BINLAKE_COLUMNS_EXCLUDE)")
+            "columns; source columns reach the lake through frames.lake_columns, which renames them (a bug)")
     return {str(c["name"]): spark_type(dict(c)) for c in columns}
 
 

@@ -20,6 +20,7 @@ from services.loader.config import LoaderConfig
 from services.loader.lake import Lake, MergePolicy
 from services.loader.loader import Loader
 from services.loader.maintenance import Maintenance
+from services.loader.naming import source_column
 from services.loader.spark import CatalogConfig, register
 from services.ops import status
 from shared import jetstream
@@ -170,3 +171,23 @@ def test_a_case_only_column_rename_is_followed(lake_factory):
     assert lake.spark.table(t.names.current).columns == ["id", "email"]
     assert current(lake, "d", "t") == Counter({(1, "e1"): 1, (2, "x"): 1, (3, "e3"): 1})
     assert "email" in lake.spark.table(t.names.changelog).columns
+
+
+def test_source_columns_named_like_the_bookkeeping_load_under_an_escape(lake_factory):
+    lake = lake_factory()
+    f = Feed()
+    x = {"name": "_binlake_x", "type": "int", "nullable": True}
+    op = {"name": "_BINLAKE_op", "type": "varchar", "nullable": True, "charset": "utf8mb4"}
+    b = [f.env("i", [{"after": {"id": i, "_binlake_x": i * 10}} for i in range(1, 4)], [ID, x], ["id"]),
+         f.env("u", [{"before": {"id": 2, "_binlake_x": 20}, "after": {"id": 2, "_binlake_x": 21}}], [ID, x], ["id"]),
+         f.ddl("ALTER TABLE t ADD COLUMN _BINLAKE_op VARCHAR(9) AFTER id",
+               {"kind": "alter", "renames": [], "ops": [{"op": "add", "column": op, "after": "id"}]}),
+         f.env("i", [{"after": {"id": 4, "_BINLAKE_op": "i", "_binlake_x": 40}}], [ID, op, x], ["id"]),
+         f.env("d", [{"before": {"id": 1, "_BINLAKE_op": None, "_binlake_x": 10}}], [ID, op, x], ["id"])]
+    lake.apply(b[-1][0], b)
+    assert not lake.holds.tables
+    t = lake.table("d", "t")
+    assert t is not None
+    assert lake.spark.table(t.names.current).columns == ["id", "__BINLAKE_op", "__binlake_x"]
+    assert current(lake, "d", "t") == Counter({(2, None, 21): 1, (3, None, 30): 1, (4, "i", 40): 1})
+    assert [source_column(c) for c in lake.spark.table(t.names.current).columns] == ["id", "_BINLAKE_op", "_binlake_x"]
