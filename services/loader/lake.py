@@ -41,8 +41,8 @@ from services.loader.frames import Ddl, Rows
 from services.loader.holds import Holds
 from services.loader.iceberg import Iceberg, Marker
 from services.loader.merges import Fold, live_sql, merge_sql
-from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, RENAMES_TABLE, TableNames, quote, source_of, sql_str
-from services.loader.tables import LakeTable, arrow_to_spark
+from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, RENAMES_TABLE, TableNames, quote, sql_str
+from services.loader.tables import LakeTable, arrow_to_spark, lake_source
 
 T = TypeVar("T")
 
@@ -99,7 +99,7 @@ class Lake:
         self.retry_held()
         for ns in self.ice.namespaces():  # every table, so that un-merged tails are merged after a restart
             for ident in self.ice.tables(ns):
-                found = source_of(ns, ident)
+                found = lake_source(self.ice, ns, ident)
                 if found is not None and found[2] == "changelog" and (found[0], found[1]) not in self.holds:
                     self._guarded((found[0], found[1]), self.committed, partial(self.table, found[0], found[1]))
         return self.committed

@@ -18,9 +18,10 @@ from pyspark.sql import SparkSession
 
 from services.loader.config import LoaderConfig
 from services.loader.lake import Lake, MergePolicy
+from services.loader.live import tables
 from services.loader.loader import Loader
 from services.loader.maintenance import Maintenance
-from services.loader.naming import source_column
+from services.loader.naming import MAX_NAME, source_column
 from services.loader.spark import CatalogConfig, register
 from services.ops import status
 from shared import jetstream
@@ -191,3 +192,24 @@ def test_source_columns_named_like_the_bookkeeping_load_under_an_escape(lake_fac
     assert lake.spark.table(t.names.current).columns == ["id", "__BINLAKE_op", "__binlake_x"]
     assert current(lake, "d", "t") == Counter({(2, None, 21): 1, (3, None, 30): 1, (4, "i", 40): 1})
     assert [source_column(c) for c in lake.spark.table(t.names.current).columns] == ["id", "_BINLAKE_op", "_binlake_x"]
+
+
+def test_a_long_upper_case_table_name_loads_under_a_bounded_name(lake_factory):
+    lake = lake_factory()
+    db, table = "Shop" * 16, "ORDER_ITEMS_" + "X" * 34  # 64 and 46 characters: MySQL's longest
+    f = Feed(db, table)
+    other = Feed(db, "small")
+    b = [f.env("i", [{"after": {"id": i, "v": f"v{i}"}} for i in range(1, 4)], [ID, V], ["id"]),
+         f.env("d", [{"before": {"id": 1, "v": "v1"}}], [ID, V], ["id"])]
+    b.append(other.env("i", [{"after": {"id": 1, "v": "s"}}], [ID, V], ["id"]))
+    b[-1] = (b[-2][0] + 1, b[-1][1])
+    lake.apply(b[-1][0], b)
+    assert not lake.holds.tables
+    t = lake.table(db, table)
+    assert t is not None
+    assert max(len(t.names.namespace), len(t.names.current_name)) <= MAX_NAME
+    assert current(lake, db, table) == Counter({(2, "v2"): 1, (3, "v3"): 1})
+    restarted = lake_factory(lake.catalog)
+    assert {(n.db, n.table) for n in tables(restarted.spark, restarted.catalog)} == {(db, table), (db, "small")}
+    assert {(t.names.db, t.names.table) for t in restarted.loaded()} == {(db, table), (db, "small")}
+    assert current(restarted, db, table) == Counter({(2, "v2"): 1, (3, "v3"): 1})
