@@ -25,6 +25,7 @@ in `_binlake.held` while every other table goes on, and it is tried again at the
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 import structlog
+from py4j.protocol import Py4JJavaError
+from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import SparkSession
 
 from services.loader import frames, schema_change
@@ -42,9 +45,11 @@ from services.loader.holds import Holds
 from services.loader.iceberg import Iceberg, Marker
 from services.loader.merges import Fold, live_sql, merge_sql
 from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, RENAMES_TABLE, TableNames, quote, sql_str
-from services.loader.tables import LakeTable, arrow_to_spark, lake_source
+from services.loader.tables import LakeTable, ReservedColumn, arrow_to_spark, lake_source
 
 T = TypeVar("T")
+# Spark's words for a job that a term's end (cancelAllJobs) or a stopping session cut short.
+_CANCELLED = re.compile(r"(?:Job|Stage) \d+ cancelled|cancelled as part of|SparkContext was shut down")
 
 
 @dataclass(frozen=True)
@@ -395,11 +400,6 @@ def _after(table: pa.Table, marker: Marker) -> pa.Table:
 def refusal(spark: SparkSession, exc: Exception) -> str | None:
     """The reason when `exc` is Spark or Iceberg refusing one table's change; None for anything
     else (Spark stopped or cancelled, the JVM out of memory, a bug), which must stop the loader."""
-    from py4j.protocol import Py4JJavaError
-    from pyspark.errors.exceptions.captured import CapturedException
-
-    from services.loader.tables import ReservedColumn
-
     if isinstance(exc, ReservedColumn):
         return str(exc)
     if not isinstance(exc, CapturedException | Py4JJavaError):
@@ -411,6 +411,6 @@ def refusal(spark: SparkSession, exc: Exception) -> str | None:
             return None  # OutOfMemoryError and the like: the JVM, not the table
         text = str(java.toString())
     jsc = spark.sparkContext._jsc
-    if "cancel" in text.lower() or jsc is None or jsc.sc().isStopped():
+    if jsc is None or jsc.sc().isStopped() or _CANCELLED.search(str(exc)):
         return None  # a term that ended (cancelAllJobs) or a stopped session
     return text.strip().splitlines()[0][:500] if text.strip() else type(exc).__name__
