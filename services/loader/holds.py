@@ -10,10 +10,10 @@ commits and before the ack, while every other table goes on loading. Nothing is 
 store may drop its messages once acked, the held rows are the copy. Appends skip what the
 table holds already (a redelivery after a kill), so each change is kept once.
 
-A held table is tried again when the loader starts: its kept changes are applied through
-the ordinary path, where the tables' markers skip what the lake already has (a kill in the
-middle of a replay), and only then are its rows deleted. One that fails again stays held
-with the new reason.
+A held table is tried again when the loader starts and every `BINLAKE_RETRY_HELD_S`: its
+kept changes are applied through the ordinary path, where the tables' markers skip what the
+lake already has (a kill in the middle of a replay), and only then are its rows deleted. One
+that fails again stays held with the new reason.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ until all have reached it (`pending_renames` asks the loader for more batches), 
 lake tables are renamed and the streams go on.
 
 A table whose change Spark or Iceberg refuses is set aside (`holds`): its changes are kept
-in `_binlake.held` while every other table goes on, and it is tried again at the next start.
+in `_binlake.held` while every other table goes on, and it is tried again at every start
+(and every `retry_held_s` by the loader).
 """
 
 from __future__ import annotations
@@ -237,6 +238,8 @@ class Lake:
             return 0
 
         if self._guarded(key, batch, replay) is None:
+            self.log.warning("lake.table_still_held", table=f"{key[0]}.{key[1]}",
+                             reason=self.holds.tables[key].reason)
             return False
         self.holds.release(key)
         self.log.info("lake.table_resumed", table=f"{key[0]}.{key[1]}", changes=len(events))
