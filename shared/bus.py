@@ -63,10 +63,10 @@ STREAMS = (
 BUCKETS = (
     KvBucket(attrgetter("leases_bucket"), {"parser": ("parser.>",), "loader": ("loader.>",)},
              reads=("parser", "loader"), ttl_s=LEASE_TTL_S),
-    # The loader asks for a table to be read again (a snapshot request); it reads no cursor:
-    # snapshot progress holds primary-key values.
+    # The loader asks for a table to be read again (a snapshot request) and says which tables it
+    # set aside; it reads no cursor: snapshot progress holds primary-key values.
     KvBucket(attrgetter("cursors_bucket"), {"parser": ("parser.>", "snapshot.>"), "sink": ("sink.>",),
-                                            "meta": (">",), "loader": ("snapshot.*.request.>",)},
+                                            "meta": (">",), "loader": ("snapshot.*.request.>", "loader.>")},
              reads=("parser", "sink", "meta"), finds=("loader",), history=CURSOR_HISTORY),
     KvBucket(attrgetter("members_bucket"), {"sink": ("sink.>",)}, reads=("sink",), ttl_s=MEMBER_TTL_S),
     KvBucket(attrgetter("schema_bucket"), {"meta": (">",)}, reads=("meta",)),

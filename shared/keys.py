@@ -15,6 +15,7 @@ key token (`[A-Za-z0-9_-]+`, checked by the configuration); any other name goes 
 | cursors | `meta.schema.<source>` | nobody now: where meta recorded schemas until the parser took over (read once) |
 | cursors | `sink.<source>.p<partition>` | the sink worker owning that partition |
 | cursors | `client.<source>.<client>` | the store, for a batch-protocol client (or meta's MySQL backend) |
+| cursors | `loader.<source>.<client>.held` | the loader: the source tables it set aside, and why |
 | cursors | `snapshot.<source>.table.<db>.<table>`, `snapshot.<source>.request.<id>` | snapshots |
 | schema | `<hex source>.<hex db>.<hex table>.<scn>` | meta's schema history |
 """
@@ -105,6 +106,23 @@ def client_cursor(source: str, client: str) -> str:
 def client_of(key: str) -> str:
     """The client name of a `client_cursor` key."""
     return unescape_key(key.split(".", 2)[2])
+
+
+def loaders_prefix(source: str) -> str:
+    return f"loader.{source}."
+
+
+def loader_held(source: str, client: str) -> str:
+    """The loader's tables set aside (cursors bucket), for `binlake status`."""
+    return f"{loaders_prefix(source)}{kv_token(client)}.held"
+
+
+def held_client(source: str, key: str) -> str | None:
+    """The client of a `loader_held` key, None for other keys."""
+    prefix = loaders_prefix(source)
+    if not key.startswith(prefix) or not key.endswith(".held"):
+        return None
+    return unescape_key(key[len(prefix):-len(".held")])
 
 
 def snapshot_table(source: str, db: str, table: str) -> str:

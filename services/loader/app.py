@@ -17,6 +17,7 @@ from services.loader.spark import session, stop
 from shared import jetstream, keys
 from shared.actor import run_all, supervise_call
 from shared.errors import LeaseLost
+from shared.health import Conditions
 from shared.lease import Lease, bucket_ttl
 from shared.metrics import Registry
 from shared.service import runtime
@@ -29,7 +30,8 @@ async def main(cfg: LoaderConfig) -> None:
     names = Names(cfg.prefix)
     log = structlog.get_logger()
     leader = registry.gauge("loader_leader", "1 while this instance holds the loader lease")
-    async with runtime(cfg, "loader", registry) as nc:
+    conditions = Conditions()
+    async with runtime(cfg, "loader", registry, problem=conditions.problem) as nc:
         js = nc.jetstream(prefix=cfg.nats_api_prefix)
         leases = await jetstream.ensure_kv(js, names.leases_bucket, ttl_s=cfg.lease_ttl_s, replicas=cfg.replicas)
         lease = Lease(leases, keys.loader_lease(cfg.source, cfg.client), cfg.instance,
@@ -56,7 +58,7 @@ async def main(cfg: LoaderConfig) -> None:
             client = StoreClient(nc, cfg.client, source=cfg.source, prefix=cfg.prefix, timeout_s=30.0 + cfg.flush_s,
                                  api_prefix=cfg.nats_api_prefix)
             maintenance = Maintenance(lake, cfg.maintenance_s, cfg.keep_snapshots_s)
-            loader = Loader(cfg, client, lake, maintenance, registry, js, lake_thread)
+            loader = Loader(cfg, client, lake, maintenance, registry, js, lake_thread, conditions)
             await supervise_call(loader.run, cfg.restart, loader.log)
 
         async def drain() -> None:

@@ -30,6 +30,7 @@ class LoaderConfig(config.ServiceConfig):
     merge_s: float = 300.0  # ...or when its oldest change is this old
     maintenance_s: float = 3600.0  # compaction and snapshot expiry every so often (0: never)
     keep_snapshots_s: float = 7 * 86400.0  # time travel window (older snapshots expire)
+    retry_held_s: float = 600.0  # a table set aside is tried again this often (and at every start)
     rename_wait_batches: int = 30  # reads ahead (of up to flush_s each) for the other half of a RENAME TABLE
     spark_conf: dict[str, str] = field(default_factory=dict)  # extra Spark settings
     # A Spark properties file the driver reads (spark-submit's --properties-file): settings kept

@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from services.loader.naming import lake_column, reserved_column
 from services.loader.types import to_array
 from shared.envelope import ROW_OPS
 
@@ -148,6 +149,7 @@ def group(events: Iterable[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str],
         if table is None or op not in ROW_OPS | {"ddl"}:
             continue
         changes = out.setdefault((db or "", table), TableChanges(db or "", table))
+        env = lake_columns(env)
         if op == "ddl":
             changes.steps.append(Ddl(seq, env))
             continue
@@ -163,6 +165,55 @@ def group(events: Iterable[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str],
             run.segments.append((sid, Segment(columns, pk or [c["name"] for c in columns])))
         run.pk = pk
         _add_rows(run.segments[-1][1], pk, seq, env)
+    return out
+
+
+def lake_columns(env: dict[str, Any]) -> dict[str, Any]:
+    """The envelope with its columns under their lake names (`naming.lake_column`); itself when
+    no column of it is renamed."""
+    alter = env.get("alter") if isinstance(env.get("alter"), dict) else None
+    names = [c["name"] for c in (env.get("schema") or {}).get("columns") or []]
+    if alter is not None:
+        names += [c["name"] for c in alter.get("columns") or []]
+        for op in alter.get("ops") or []:
+            names += [str(op[k]) for k in ("name", "old", "new", "after") if op.get(k) is not None]
+            names += [op["column"]["name"]] if isinstance(op.get("column"), dict) else []
+    if not any(reserved_column(str(n)) for n in names):
+        return env
+    out = dict(env)
+    if isinstance(env.get("schema"), dict):
+        out["schema"] = {**env["schema"], "columns": [_named(c) for c in env["schema"].get("columns") or []]}
+    if env.get("pk"):
+        out["pk"] = [lake_column(k) for k in env["pk"]]
+    if env.get("rows"):
+        out["rows"] = [{side: None if image is None else {lake_column(k): v for k, v in image.items()}
+                        for side, image in row.items()} for row in env["rows"]]
+    if alter is not None:
+        out["alter"] = _alter_names(alter)
+    return out
+
+
+def _named(column: dict[str, Any]) -> dict[str, Any]:
+    return {**column, "name": lake_column(str(column["name"]))}
+
+
+def _alter_names(alter: dict[str, Any]) -> dict[str, Any]:
+    out = dict(alter)
+    if alter.get("columns") is not None:
+        out["columns"] = [_named(c) for c in alter["columns"]]
+    if alter.get("pk") is not None:
+        out["pk"] = [lake_column(k) for k in alter["pk"]]
+    ops = []
+    for op in alter.get("ops") or []:
+        renamed: dict[str, Any] = {k: lake_column(str(op[k])) for k in ("name", "old", "new", "after")
+                                   if op.get(k) is not None}
+        if isinstance(op.get("column"), dict):
+            renamed["column"] = _named(op["column"])
+        if op.get("op") == "primary_key":
+            renamed["columns"] = [lake_column(c) for c in op.get("columns") or []]
+        ops.append({**op, **renamed})
+    if "ops" in alter:
+        out["ops"] = ops
     return out
 
 

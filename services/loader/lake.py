@@ -20,23 +20,32 @@ RENAME TABLE travels on both tables' subjects, which are routed independently, s
 halves may reach BINLAKE_CDC in either order: each named table stops at the statement
 until all have reached it (`pending_renames` asks the loader for more batches), then the
 lake tables are renamed and the streams go on.
+
+A table whose change Spark or Iceberg refuses is set aside (`holds`): its changes are kept
+in `_binlake.held` while every other table goes on, and it is tried again at every start
+(and every `retry_held_s` by the loader).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import structlog
+from py4j.protocol import Py4JJavaError
+from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import SparkSession
 
 from services.loader import frames, schema_change
 from services.loader.cuts import Cuts
 from services.loader.frames import Ddl, Rows
+from services.loader.holds import Holds
 from services.loader.iceberg import Iceberg, Marker
 from services.loader.merges import Fold, live_sql, merge_sql
 from services.loader.naming import (
@@ -46,10 +55,13 @@ from services.loader.naming import (
     STREAMS_TABLE,
     TableNames,
     quote,
-    source_of,
     sql_string,
 )
-from services.loader.tables import LakeTable, arrow_to_spark
+from services.loader.tables import LakeTable, ReservedColumn, arrow_to_spark, lake_source
+
+T = TypeVar("T")
+# Spark's words for a job that a term's end (cancelAllJobs) or a stopping session cut short.
+_CANCELLED = re.compile(r"(?:Job|Stage) \d+ cancelled|cancelled as part of|SparkContext was shut down")
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,7 @@ class Lake:
 
     def __post_init__(self) -> None:
         self.ice = Iceberg(self.spark, self.catalog)
+        self.holds = Holds(self.spark, self.catalog)
         self._tables: dict[tuple[str, str], LakeTable | None] = {}
         self._views = self.views
         self._renamed: dict[tuple[str, str], int] = {}  # (db, table) -> scn of its last RENAME away
@@ -107,13 +120,16 @@ class Lake:
                                        "new_table": "string", "scn": "bigint"}, {})
         row = self.spark.sql(f"SELECT max(seq) FROM {self.commits}").collect()[0][0]
         self.committed = int(row or 0)
+        self.ice.create(self.holds.ident, self.holds.columns, {})
         for r in self.spark.sql(f"SELECT old_db, old_table, max(scn) FROM {self.renames} GROUP BY 1, 2").collect():
             self._renamed[(str(r[0]), str(r[1]))] = int(r[2])
+        self.holds.load()
+        self.retry_held()
         for ns in self.ice.namespaces():  # every table, so that un-merged tails are merged after a restart
             for ident in self.ice.tables(ns):
-                found = source_of(ns, ident)
-                if found is not None and found[2] == "changelog":
-                    self.table(found[0], found[1])
+                found = lake_source(self.ice, ns, ident)
+                if found is not None and found[2] == "changelog" and (found[0], found[1]) not in self.holds:
+                    self._guarded((found[0], found[1]), self.committed, partial(self.table, found[0], found[1]))
         # A kill mid-cut leaves merged tables and no cut, or a cut whose tags did not all move.
         # Tails left are due at once (`LakeTable.load`) and their merge publishes the cut; with
         # none left, every table already holds every committed batch: publish that cut now.
@@ -193,10 +209,13 @@ class Lake:
             for key, steps in queues.items():
                 while steps:
                     step = steps[0]
+                    if key in self.holds:
+                        steps.clear()  # kept below, with the rest of its changes
+                        break
                     if isinstance(step, Ddl) and step.alter.get("renames"):
                         break  # a barrier: handled below once every named table has reached it
                     steps.pop(0)
-                    written += self._step(key, step, batch, touched)
+                    written += self._guarded(key, batch, partial(self._step, key, step, batch, touched)) or 0
                     progressed = True
             progressed |= self._renames(queues, batch, touched)
             if not progressed:
@@ -207,7 +226,13 @@ class Lake:
             self.log.warning("lake.rename_incomplete", db=key[0], table=key[1],
                              ddl=head.sql if isinstance(head, Ddl) else None)
             for step in steps:
-                written += self._step(key, step, batch, touched, force=True)
+                if key not in self.holds:
+                    forced = partial(self._step, key, step, batch, touched, force=True)
+                    written += self._guarded(key, batch, forced) or 0
+        for key in prepared.tables:
+            if key in self.holds:
+                self.holds.keep(key, [(seq, env) for seq, env in prepared.events
+                                      if (env.get("db") or "", env.get("table")) == key])
         # A unit the tables already held (a kill between their commits and this record) is
         # still recorded: the record, not the tables' markers, says how far the lake is.
         if touched or batch > self.committed:
@@ -215,6 +240,52 @@ class Lake:
         self.committed = max(self.committed, batch)
         self.merge_due(self.committed)  # after the record: a cut never names a batch the lake does not hold
         return written
+
+    # -- tables set aside ------------------------------------------------------------------------
+
+    def _guarded(self, key: tuple[str, str], batch: int, fn: Callable[[], T]) -> T | None:
+        """Run one table's write; a refusal of that table's change sets the table aside (None)."""
+        try:
+            return fn()
+        except Exception as exc:
+            reason = refusal(self.spark, exc)
+            if reason is None:
+                raise
+            self._set_aside(key, reason, batch)
+            return None
+
+    def _set_aside(self, key: tuple[str, str], reason: str, batch: int) -> None:
+        first = key not in self.holds
+        self.holds.hold(key, reason, batch)
+        self._tables.pop(key, None)  # reloaded from the lake when it loads again
+        if first:
+            self.log.error("lake.table_held", table=f"{key[0]}.{key[1]}", batch=batch, reason=reason)
+
+    def retry_held(self) -> list[str]:
+        """Try every table set aside again; the names of those that load again."""
+        return [f"{db}.{table}" for db, table in list(self.holds.tables) if self._retry((db, table))]
+
+    def _retry(self, key: tuple[str, str]) -> bool:
+        """Apply a held table's kept changes; release it when they all went in."""
+        events = self.holds.events(key)
+        changes = frames.prepare(events).tables.get(key)
+        batch = self.committed
+
+        def replay() -> int:
+            for step in changes.steps if changes is not None else []:
+                self._step(key, step, batch, set(), force=True)
+            table = self.table(*key)
+            if table is not None:
+                self.flush(table, batch)
+            return 0
+
+        if self._guarded(key, batch, replay) is None:
+            self.log.warning("lake.table_still_held", table=f"{key[0]}.{key[1]}",
+                             reason=self.holds.tables[key].reason)
+            return False
+        self.holds.release(key)
+        self.log.info("lake.table_resumed", table=f"{key[0]}.{key[1]}", changes=len(events))
+        return True
 
     def _step(self, key: tuple[str, str], step: frames.Step, batch: int, touched: set[tuple[str, str]],
               force: bool = False) -> int:
@@ -344,24 +415,29 @@ class Lake:
             self.merge_all(batch)
             return
         now = self.clock()
-        for table in self.loaded():
+        for key, table in list(self._tables.items()):
+            if table is None or not table.tail_rows or key in self.holds:
+                continue
             age = now - (now if table.tail_since is None else table.tail_since)
-            if table.tail_rows and (table.tail_rows >= self.policy.rows or age >= self.policy.age_s):
+            if table.tail_rows >= self.policy.rows or age >= self.policy.age_s:
                 self.merge_all(batch)
                 return
 
     def loaded(self) -> list[LakeTable]:
-        return [t for t in self._tables.values() if t is not None]
+        """The tables the lake writes (tables set aside are left as they are)."""
+        return [t for k, t in self._tables.items() if t is not None and k not in self.holds]
 
     def merge_all(self, batch: int | None = None) -> None:
         """Merge every table's tail, then publish the cut at `batch` (default: the last committed).
 
         Every table then reflects every change up to the batch; the cut is recorded once all are
-        merged, so a kill in between publishes nothing (the restarted lake finishes the cut).
+        merged, so a kill in between publishes nothing (the restarted lake finishes the cut). A table
+        that cannot be merged is set aside and left out of the cut.
         """
         cut = self.committed if batch is None else batch
-        for table in self.loaded():
-            self.flush(table, cut)
+        for key, table in list(self._tables.items()):
+            if table is not None and key not in self.holds:
+                self._guarded(key, cut, partial(self.flush, table, cut))
         if cut > self.cuts.newest:  # the same batch again holds the same rows: one cut per batch
             self.cuts.publish(cut, [t.names for t in self.loaded()])
             self._cut_now = False
@@ -382,3 +458,22 @@ def _after(table: pa.Table, marker: Marker) -> pa.Table:
     scn, seq = table["_binlake_scn"], table[frames.SEQ]
     keep = pc.or_(pc.greater(scn, marker.scn), pc.and_(pc.equal(scn, marker.scn), pc.greater(seq, marker.seq)))
     return table.filter(keep)
+
+
+def refusal(spark: SparkSession, exc: Exception) -> str | None:
+    """The reason when `exc` is Spark or Iceberg refusing one table's change; None for anything
+    else (Spark stopped or cancelled, the JVM out of memory, a bug), which must stop the loader."""
+    if isinstance(exc, ReservedColumn):
+        return str(exc)
+    if not isinstance(exc, CapturedException | Py4JJavaError):
+        return None
+    text = str(exc)
+    if isinstance(exc, Py4JJavaError):
+        java = exc.java_exception
+        if java.getClass().getName().startswith("java.lang.") and "Error" in java.getClass().getName():
+            return None  # OutOfMemoryError and the like: the JVM, not the table
+        text = str(java.toString())
+    jsc = spark.sparkContext._jsc
+    if jsc is None or jsc.sc().isStopped() or _CANCELLED.search(str(exc)):
+        return None  # a term that ended (cancelAllJobs) or a stopped session
+    return text.strip().splitlines()[0][:500] if text.strip() else type(exc).__name__

@@ -15,8 +15,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from services.loader.iceberg import Iceberg, Marker
 from services.loader.merges import Fold, live_sql
-from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, TableNames, quote, source_of
-from services.loader.tables import KEY_PROP
+from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, TableNames, quote
+from services.loader.tables import KEY_PROP, lake_source
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def tables(spark: SparkSession, catalog: str) -> list[TableNames]:
     out = []
     for ns in ice.namespaces():
         for name in ice.tables(ns):
-            found = source_of(ns, name)
+            found = lake_source(ice, ns, name)
             if found is not None and found[2] == "current":
                 out.append(TableNames(catalog, found[0], found[1]))
     return sorted(out, key=lambda n: (n.db, n.table))

@@ -11,6 +11,7 @@ CDC sequences from a base per BINLAKE_CDC definition (`Lake.adopt_stream`); acks
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import secrets
 import time
@@ -26,15 +27,23 @@ from services.loader.maintenance import Maintenance
 from services.loader.read_ahead import Fetched, ReadAhead
 from shared import bus, jetstream, keys
 from shared import snapshots as snap
+from shared.health import Conditions
 from shared.metrics import Registry
 from shared.store_client import StoreClient
 from shared.subjects import Names
 
+HELD = "tables_held"
+"""`/healthz` condition: source tables set aside (`Lake.holds`), each with its reason."""
+
 
 class Loader:
     def __init__(self, cfg: LoaderConfig, client: StoreClient, lake: Lake, maintenance: Maintenance,
-                 registry: Registry, js: Any = None, lake_thread: Executor | None = None) -> None:
+                 registry: Registry, js: Any = None, lake_thread: Executor | None = None,
+                 conditions: Conditions | None = None) -> None:
         self._cfg = cfg
+        self._conditions = conditions or Conditions()
+        self._reported: dict[str, Any] | None = None  # the held tables as last written to KV
+        self._retried = time.monotonic()
         self._thread = lake_thread
         self._client = client
         self._lake = lake
@@ -45,6 +54,7 @@ class Loader:
         self._committed = registry.gauge("loader_committed_seq",
                                          "Last lake sequence committed (BINLAKE_CDC sequence + its stream's base)")
         self._seconds = registry.gauge("loader_last_batch_seconds", "Time to write and commit the last batch")
+        self._held = registry.gauge("loader_tables_held", "Source tables set aside: their changes kept, not loaded")
         self.log = structlog.get_logger().bind(actor="loader")
 
     async def run(self) -> None:
@@ -52,6 +62,7 @@ class Loader:
         committed = await loop.run_in_executor(self._thread, self._lake.open)
         acked = await self._client.subscribe(filter=self._cfg.filter, start="earliest")
         self.log.info("loader.start", committed=committed, acked=acked)
+        await self._report_held()
         reader = ReadAhead(self._client, self._cfg.batch_rows, self._cfg.flush_s, lambda: self._lake.committed,
                            self._lake.bases, max_bytes=self._cfg.batch_bytes)
         try:
@@ -61,6 +72,7 @@ class Loader:
                     if fetched.batch.id is not None:  # only what the lake holds already, or nothing for it
                         await self._client.ack(fetched.batch.id)
                     await loop.run_in_executor(self._thread, self._idle)
+                    await self._report_held()
                     continue
                 unit, prepared = await self._unit(reader, fetched)
                 await self._apply(unit, prepared)
@@ -68,11 +80,20 @@ class Loader:
                     assert f.batch.id is not None
                     await self._client.ack(f.batch.id)
                 await self._file_resnapshots()
+                await loop.run_in_executor(self._thread, self._retry_held)
+                await self._report_held()
         finally:
             await reader.close()
 
     def _idle(self) -> None:
+        self._retry_held()
         self._lake.merge_due(self._lake.committed)
+
+    def _retry_held(self) -> None:
+        """Tables set aside are tried again every `retry_held_s` (the operator may have fixed the cause)."""
+        if self._lake.holds.tables and time.monotonic() - self._retried >= self._cfg.retry_held_s:
+            self._retried = time.monotonic()
+            self._lake.retry_held()
         self._maintenance.maybe_run()
 
     async def _next(self, reader: ReadAhead) -> Fetched:
@@ -112,6 +133,24 @@ class Loader:
         self._committed.set(last)
         self._seconds.set(seconds)
         self.log.info("loader.committed", seq=last, rows=rows, batches=len(unit), seconds=round(seconds, 2))
+
+    async def _report_held(self) -> None:
+        """Tables set aside: the metric, `/healthz` and (when they changed) the key `binlake status` reads."""
+        held = {f"{db}.{t}": {"reason": h.reason, "since_batch": h.since}
+                for (db, t), h in sorted(self._lake.holds.tables.items())}
+        self._held.set(len(held))
+        if held:
+            self._conditions.set(HELD, "source tables set aside (binlake status): " + "; ".join(
+                f"{name} since batch {h['since_batch']}: {h['reason']}" for name, h in held.items()))
+        else:
+            self._conditions.clear(HELD)
+        if held == self._reported or self._js is None:
+            return
+        kv = await jetstream.ensure_kv(self._js, Names(self._cfg.prefix).cursors_bucket, history=bus.CURSOR_HISTORY,
+                                       replicas=self._cfg.replicas)
+        with jetstream.nats_errors("held tables"):
+            await kv.put(keys.loader_held(self._cfg.source, self._cfg.client), json.dumps(held).encode())
+        self._reported = held
 
     async def _file_resnapshots(self) -> None:
         """Ask the parser to read tables again whose lake values a DDL made inexact (an expression default)."""

@@ -9,10 +9,21 @@ a table is `escape(table) + "__changelog"` and its live view `escape(table) + "_
 case-insensitive file systems) and never holds `__` followed by anything but `x<hex>_`, so
 the suffixes above and the bookkeeping namespace `_binlake` cannot be produced by any
 source name, and `unescape` recovers the source name exactly.
+
+Identifiers are bounded: an escaped name longer than `MAX_NAME` bytes (a 46-character upper-case
+table name escapes to 276) is cut and ends in `__h<16 hex of the SHA-256 of the source name>_`,
+a form `escape` never produces; such a table is found by its property `binlake.source`
+(`tables.lake_source`), since `unescape` cannot recover the name.
+
+Columns keep their source names, except those the lake's bookkeeping columns (`_binlake_…`)
+could meet: a source column matching `_+binlake_` (any case) gets one more leading `_`
+(`_binlake_x` -> `__binlake_x`, `__binlake_x` -> `___binlake_x`), so a lake column that starts
+with a single `_binlake_` is always the lake's own (`lake_column`, `source_column`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -24,8 +35,12 @@ RENAMES_TABLE = "renames"  # one row per RENAME TABLE the lake followed
 STREAMS_TABLE = "streams"  # one row per BINLAKE_CDC definition loaded from: its sequences' offset in the lake
 CUTS_TABLE = "cuts"  # per published cut, one row per current table: its snapshot as of that batch
 CUT_TAG = "binlake_cut"  # Iceberg tag on each current table: its snapshot in the newest cut
+HELD_TABLE = "held"  # the changes of tables set aside, until they load again
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _ESCAPE = re.compile(r"__x([0-9a-f]+)_")
+MAX_NAME = 100  # bytes of a namespace or table base name: with the suffixes, under catalogs' 128 and file systems' 255
+_HASHED = re.compile(r"__h[0-9a-f]{16}_$")
+_RESERVED_COLUMN = re.compile(r"_+binlake_", re.IGNORECASE)
 
 
 class LakeNameError(ValueError):
@@ -44,6 +59,20 @@ def escape(name: str) -> str:
         else:
             out.append(f"__x{ord(ch):x}_")
     return "".join(out)
+
+
+def bounded(name: str) -> str:
+    """`escape(name)`, cut to `MAX_NAME` bytes with a hash of the whole name where it is longer."""
+    ident = escape(name)
+    if len(ident) <= MAX_NAME:
+        return ident
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{ident[: MAX_NAME - 20]}__h{digest}_"
+
+
+def hashed(ident: str) -> bool:
+    """An identifier `bounded` cut (its source name is in the table's properties)."""
+    return _HASHED.search(ident) is not None
 
 
 def unescape(ident: str) -> str:
@@ -70,6 +99,21 @@ def unescape(ident: str) -> str:
     return name
 
 
+def lake_column(name: str) -> str:
+    """A source column's name in the lake."""
+    return "_" + name if _RESERVED_COLUMN.match(name) else name
+
+
+def source_column(name: str) -> str:
+    """The inverse of `lake_column` (a bookkeeping column comes back as it is)."""
+    return name[1:] if name.startswith("__") and _RESERVED_COLUMN.match(name) else name
+
+
+def reserved_column(name: str) -> bool:
+    """A source column that `lake_column` renames."""
+    return _RESERVED_COLUMN.match(name) is not None
+
+
 def quote(ident: str) -> str:
     """A Spark SQL identifier in backticks (backticks doubled)."""
     return "`" + ident.replace("`", "``") + "`"
@@ -90,19 +134,19 @@ class TableNames:
 
     @property
     def namespace(self) -> str:
-        return escape(self.db)
+        return bounded(self.db)
 
     @property
     def current_name(self) -> str:
-        return escape(self.table)
+        return bounded(self.table)
 
     @property
     def changelog_name(self) -> str:
-        return escape(self.table) + CHANGELOG_SUFFIX
+        return bounded(self.table) + CHANGELOG_SUFFIX
 
     @property
     def live_name(self) -> str:
-        return escape(self.table) + LIVE_SUFFIX
+        return bounded(self.table) + LIVE_SUFFIX
 
     def sql(self, name: str) -> str:
         """`catalog`.`ns`.`name` for Spark SQL."""
@@ -126,7 +170,8 @@ class TableNames:
 
 
 def source_of(namespace: str, name: str) -> tuple[str, str, str] | None:
-    """(db, table, kind) of a lake table (kind: current / changelog), None for other tables."""
+    """(db, table, kind) of a lake table (kind: current / changelog), None for other tables and
+    for `hashed` names (see `tables.lake_source`)."""
     if namespace == BOOK_NAMESPACE:
         return None
     kind = "current"

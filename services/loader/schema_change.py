@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from services.loader.lake import Lake
 
 log = structlog.get_logger()
+CASE_TMP = "_binlake_case_"  # a column between two names that differ in case only
 _COLUMN_OPS = frozenset({"add", "drop", "rename", "modify", "primary_key", "drop_primary_key"})
 
 
@@ -172,17 +173,29 @@ def _rename(lake: Lake, table: LakeTable, old: str, new: str) -> None:
     if old == new:
         return
     ice = lake.ice
-    if old in table.columns and new not in table.columns:
-        ice.rename_column(table.names.current, old, new)
-        table.columns = {(new if c == old else c): t for c, t in table.columns.items()}
+    if (old in table.columns and new not in table.columns) or CASE_TMP + new in table.columns:
+        table.columns = _rename_column(lake, table.names.current, table.columns, old, new)
     for src, dst in ((old, new), (PREV + old, PREV + new)):
-        if src in table.changelog_columns:
+        if src in table.changelog_columns or CASE_TMP + dst in table.changelog_columns:
             if dst in table.changelog_columns:  # an older column of that name: aside
                 table.set_aside(ice, dst)
-            ice.rename_column(table.names.changelog, src, dst)
-            table.changelog_columns = {(dst if c == src else c): t for c, t in table.changelog_columns.items()}
+            table.changelog_columns = _rename_column(lake, table.names.changelog, table.changelog_columns, src, dst)
     if old in table.key:
         table.set_key(ice, [new if k == old else k for k in table.key])
+
+
+def _rename_column(lake: Lake, ident: str, columns: dict[str, str], src: str, dst: str) -> dict[str, str]:
+    """Rename a column; the new `columns`. Spark compares column names without case, so a change
+    of case only goes through a temporary name (where a kill in between leaves it: finished here)."""
+    tmp = CASE_TMP + dst
+    if src.lower() == dst.lower() and src in columns:
+        lake.ice.rename_column(ident, src, tmp)
+        columns = {(tmp if c == src else c): t for c, t in columns.items()}
+        src = tmp
+    elif tmp in columns:
+        src = tmp
+    lake.ice.rename_column(ident, src, dst)
+    return {(dst if c == src else c): t for c, t in columns.items()}
 
 
 def _modify(lake: Lake, table: LakeTable, op: Mapping[str, Any], sets: dict[str, str],

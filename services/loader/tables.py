@@ -18,7 +18,7 @@ from services.loader import frames
 from services.loader.frames import BOOKKEEPING, PREV, Ddl
 from services.loader.iceberg import Iceberg, Marker, json_prop
 from services.loader.merges import Fold, tail_count_sql
-from services.loader.naming import TableNames, quote
+from services.loader.naming import BOOK_NAMESPACE, CHANGELOG_SUFFIX, TableNames, hashed, quote, source_of
 from services.loader.types import arrow_of_spark, spark_type
 from shared.errors import FatalError
 
@@ -33,6 +33,27 @@ _BOOK_TYPES = {"_binlake_op": "string", "_binlake_seq": "bigint", "_binlake_row"
 log = structlog.get_logger()
 
 
+def source_prop(names: TableNames) -> str:
+    """The `binlake.source` property: the source table's real name, `["db", "table"]` (JSON)."""
+    return json_prop([names.db, names.table])
+
+
+def lake_source(ice: Iceberg, namespace: str, name: str) -> tuple[str, str, str] | None:
+    """`naming.source_of`, and for a `hashed` identifier the name its `binlake.source` property holds."""
+    found = source_of(namespace, name)
+    if found is not None or namespace == BOOK_NAMESPACE or not (hashed(namespace) or hashed(name.removesuffix(
+            CHANGELOG_SUFFIX))):
+        return found
+    prop = ice.props(f"{quote(ice.catalog)}.{quote(namespace)}.{quote(name)}").get(SOURCE_PROP)
+    if prop is None:
+        return None
+    db, table = (str(v) for v in json.loads(prop))
+    names = TableNames(ice.catalog, db, table)
+    if names.namespace != namespace or name not in (names.current_name, names.changelog_name):
+        return None  # a copied property: not this table's name
+    return db, table, "changelog" if name == names.changelog_name else "current"
+
+
 def book_columns(data: Mapping[str, str], prev: Sequence[str]) -> dict[str, str]:
     """The changelog's columns: bookkeeping, data, before images."""
     out = {f.name: _BOOK_TYPES[f.name] for f in BOOKKEEPING}
@@ -42,7 +63,7 @@ def book_columns(data: Mapping[str, str], prev: Sequence[str]) -> dict[str, str]
 
 
 class ReservedColumn(FatalError):
-    """A source column whose name the lake keeps for its own bookkeeping."""
+    """A column named like the lake's bookkeeping that did not go through `naming.lake_column`."""
 
 
 def data_types(columns: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -51,7 +72,7 @@ def data_types(columns: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     if reserved:
         raise ReservedColumn(
             f"column(s) {reserved} start with {frames.BOOK_PREFIX!r}, which the lake keeps for its bookkeeping "
-            "columns; rename them in the source or drop them with a sink column rule (BINLAKE_COLUMNS_EXCLUDE)")
+            "columns; source columns reach the lake through frames.lake_columns, which renames them (a bug)")
     return {str(c["name"]): spark_type(dict(c)) for c in columns}
 
 
@@ -82,7 +103,7 @@ class LakeTable:
         changelog_columns = ice.columns(names.changelog)
         if not ice.exists(names.current):  # killed between the two CREATEs
             data = {c: t for c, t in changelog_columns.items() if not c.startswith(frames.BOOK_PREFIX)}
-            ice.create(names.current, data, {SOURCE_PROP: f"{names.db}.{names.table}", KEY_PROP: "[]"})
+            ice.create(names.current, data, {SOURCE_PROP: source_prop(names), KEY_PROP: "[]"})
         props = ice.props(names.current)
         table = cls(names, ice.columns(names.current), list(json.loads(props.get(KEY_PROP, "[]"))),
                     changelog_columns, ice.marker(names.changelog) or Marker(), ice.marker(names.current) or Marker(),
@@ -101,7 +122,7 @@ class LakeTable:
                key: Sequence[str]) -> LakeTable:
         data = data_types(columns)
         prev = list(key) or list(data)
-        props = {SOURCE_PROP: f"{names.db}.{names.table}"}
+        props = {SOURCE_PROP: source_prop(names)}
         changelog_columns = book_columns(data, prev)
         ice.create(names.changelog, changelog_columns, props)
         ice.create(names.current, data, {**props, KEY_PROP: json_prop(list(key))})
@@ -119,7 +140,8 @@ class LakeTable:
         else:
             ice.rename(self.names.current, to.current)
         self.names = to
-        ice.set_props(to.current, {SOURCE_PROP: f"{to.db}.{to.table}"})
+        for ident in (to.current, to.changelog):
+            ice.set_props(ident, {SOURCE_PROP: source_prop(to)})
 
     def _copy_to(self, ice: Iceberg, to: TableNames) -> None:
         """Copy both tables under the new names (keeping their markers), then drop the old ones.

@@ -52,7 +52,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from services.launcher import source
 from services.loader import live
-from services.loader.naming import quote
+from services.loader.naming import lake_column, quote, source_column
 from services.loader.types import spark_type
 from shared.errors import ConfigError
 from shared.mysql import TLS_CIPHER_SQL, MysqlUrl, display, mysql_quote, parse_name
@@ -209,7 +209,7 @@ class Column:
         return f"{col} + 0e0" if self.kind in ("float", "double") else col
 
     def lake_sql(self, lake_type: str) -> str:
-        col = quote(self.name)
+        col = quote(lake_column(self.name))
         if lake_type == "timestamp":
             return f"unix_micros({col})"  # the instant, whatever the session's time zone
         if lake_type == "timestamp_ntz":
@@ -618,7 +618,7 @@ def verify_table(spark: SparkSession, conn: Connection, catalog: str, db: str, t
         with consistent_read(conn):
             n = sum(1 for _ in source_rows(conn, src, []))
         return Result(name, n, 0, ["not in the lake"] if n else [])
-    lake_types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    lake_types = {source_column(f.name): f.dataType.simpleString() for f in df.schema.fields}
     columns = [c for c in src.columns if c.name in lake_types]
     names = [c.name for c in columns]
     key = [names.index(k) for k in src.key] if src.key and set(src.key) <= set(names) else list(range(len(names)))

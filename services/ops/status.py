@@ -77,6 +77,8 @@ async def collect(url: str, prefix: str, source: str, partitions: int | None) ->
                             "cursor": (cursors.get(keys.partition_cursor(source, p)) or {}).get("seq")}
                            for p in range(partitions)],
             "clients": _edge(await _clients(nc, names, source, cursors), streams.get(names.cdc_stream)),
+            "held": {client: v for k, v in sorted(cursors.items())
+                     if (client := keys.held_client(source, k)) is not None and v},
             "snapshots": [_snapshot(v) for k, v in sorted(cursors.items())
                           if k.startswith(keys.snapshot_tables(source)[:-1]) and isinstance(v, dict)],
             "streams": streams,
@@ -145,6 +147,10 @@ def render(s: dict[str, Any]) -> str:
                      f"filter={c['filter']}{edge_text}")
     if not [n for n in s["clients"] if n != "_note"]:
         lines.append("    (none)")
+    for client, tables in (s.get("held") or {}).items():
+        lines.append(f"  tables set aside by {client} (their changes kept in the lake's _binlake.held)")
+        for name, h in tables.items():
+            lines.append(f"    {name}: since batch {h.get('since_batch')}: {h.get('reason')}")
     if s.get("snapshots"):
         lines.append("  snapshots")
         for t in s["snapshots"]:

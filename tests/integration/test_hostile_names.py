@@ -183,3 +183,39 @@ def test_hostile_names_through_the_whole_pipeline(stack, spark):
     head, columns = out.stdout.splitlines()[:2]
     assert head.startswith(f"{name} at batch ") and ": 7 rows;" in head, head
     assert all(c in columns for c in (KEY, RENAMED, NOTE, ADDED)), columns
+
+
+LONG = "ORDER_ITEMS_" + "X" * 34  # 46 upper-case characters: 276 bytes escaped, past a file name's 255
+BOOKISH = "bookish"  # a column named like the lake's bookkeeping
+CASED = "cased"  # a case-only RENAME COLUMN
+
+
+@pytest.mark.timeout(400)
+def test_names_the_lake_could_not_take_load_equal(stack, spark):
+    db = stack.db
+    stack.start_loader()
+    lg, bk, cs = (f"{q(db)}.{q(t)}" for t in (LONG, BOOKISH, CASED))
+    stack.mariadb.execute(
+        f"CREATE DATABASE {q(db)} CHARACTER SET utf8mb4",
+        f"CREATE TABLE {lg} (id INT PRIMARY KEY, v VARCHAR(20))",
+        f"CREATE TABLE {bk} (id INT PRIMARY KEY, _binlake_x INT, _BINLAKE_op VARCHAR(5))",
+        f"CREATE TABLE {cs} (id INT PRIMARY KEY, Email VARCHAR(40))",
+        f"INSERT INTO {lg} VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+        f"INSERT INTO {bk} VALUES (1, 10, 'i'), (2, 20, 'u'), (3, 30, NULL)",
+        f"INSERT INTO {cs} VALUES (1, 'A@x'), (2, 'B@x')",
+        f"UPDATE {lg} SET v = 'bb' WHERE id = 2",
+        f"DELETE FROM {bk} WHERE id = 3",
+        f"UPDATE {bk} SET _binlake_x = 21 WHERE id = 2",
+        f"ALTER TABLE {cs} RENAME COLUMN Email TO email",
+        f"INSERT INTO {cs} VALUES (3, 'C@x')",
+        f"UPDATE {cs} SET email = 'b@x' WHERE id = 2",
+    )
+    _settle(stack, 3 + 3 + 2 + 1 + 1 + 1 + 1 + 1, [LONG, BOOKISH, CASED])
+    assert not events(stack.loader, "lake.table_held")
+    assert_verify_equal(spark, stack, [LONG, BOOKISH, CASED])
+    for table in (LONG, CASED):
+        assert_cells_equal(stack, table)
+    cased = stack.current(CASED)
+    assert cased is not None and cased.column_names == ["id", "email"]
+    bookish = stack.current(BOOKISH)
+    assert bookish is not None and bookish.column_names == ["id", "__binlake_x", "__BINLAKE_op"]

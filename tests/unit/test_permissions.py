@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import permissions
+from shared import keys, permissions
 from shared.subjects import Names, subject_matches
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +49,7 @@ def test_who_writes_what() -> None:
 def test_the_loader_files_snapshot_requests_but_reads_no_cursor() -> None:
     assert may_publish("loader", "$KV.binlake_cursors.snapshot.main.request.abc")
     assert not may_publish("loader", "$KV.binlake_cursors.snapshot.main.table.shop.t")
+    assert may_publish("loader", f"$KV.binlake_cursors.{keys.loader_held('main', 'loader')}")  # binlake status
     for api in ("$JS.API.DIRECT.GET.KV_binlake_cursors", "$JS.API.CONSUMER.CREATE.KV_binlake_cursors.c.x",
                 "$JS.API.STREAM.MSG.GET.KV_binlake_cursors"):
         assert not may_publish("loader", api), api

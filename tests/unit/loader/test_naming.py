@@ -8,14 +8,21 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
+from services.loader.frames import BOOK_PREFIX, lake_columns
 from services.loader.naming import (
     BOOK_NAMESPACE,
     CHANGELOG_SUFFIX,
     LIVE_SUFFIX,
+    MAX_NAME,
     LakeNameError,
     TableNames,
+    bounded,
     escape,
+    hashed,
+    lake_column,
     quote,
+    reserved_column,
+    source_column,
     source_of,
     unescape,
 )
@@ -127,6 +134,9 @@ def test_unescape_rejects_code_points_out_of_range(ident):
 @example("_binlake", "commits")
 def test_source_of_round_trips(db, table):
     names = TableNames("lake", db, table)
+    if hashed(names.namespace) or hashed(names.current_name):  # bounded: read back from the table's property
+        assert source_of(names.namespace, names.current_name) is None
+        return
     assert source_of(names.namespace, names.current_name) == (db, table, "current")
     assert source_of(names.namespace, names.changelog_name) == (db, table, "changelog")
 
@@ -178,3 +188,40 @@ def test_table_names():
     assert n.sql("x") == "`lake`.`__x53_hop`.`x`"
     assert n.path("/data/lake/", n.changelog_name) == "/data/lake/__x53_hop/order__x2d_items__changelog"
     assert n.path("/data/lake", n.current_name) == "/data/lake/__x53_hop/order__x2d_items"
+
+
+@pytest.mark.parametrize("name", ["_binlake_x", "_BINLAKE_op", "__binlake_x", "___Binlake_", "binlake_x", "x", "_b"])
+def test_column_names_round_trip_and_never_meet_the_bookkeeping(name: str) -> None:
+    lake = lake_column(name)
+    assert source_column(lake) == name
+    assert not lake.lower().startswith(BOOK_PREFIX) or lake.startswith("__")
+    assert reserved_column(name) == (lake != name)
+
+
+def test_lake_columns_renames_every_column_an_envelope_names() -> None:
+    env = {"op": "u", "pk": ["_binlake_k"], "schema": {"columns": [{"name": "_binlake_k"}, {"name": "v"}]},
+           "rows": [{"before": {"_binlake_k": 1, "v": 2}, "after": {"_binlake_k": 1, "v": 3}}]}
+    out = lake_columns(env)
+    assert out["pk"] == ["__binlake_k"] and [c["name"] for c in out["schema"]["columns"]] == ["__binlake_k", "v"]
+    assert out["rows"] == [{"before": {"__binlake_k": 1, "v": 2}, "after": {"__binlake_k": 1, "v": 3}}]
+    ddl = {"op": "ddl", "alter": {"kind": "alter", "ops": [
+        {"op": "rename", "old": "_binlake_a", "new": "b"},
+        {"op": "add", "column": {"name": "_binlake_c"}, "after": "b"},
+        {"op": "primary_key", "columns": ["_binlake_c"]}, {"op": "drop", "name": "_binlake_d"}]}}
+    assert lake_columns(ddl)["alter"]["ops"] == [
+        {"op": "rename", "old": "__binlake_a", "new": "b"},
+        {"op": "add", "column": {"name": "__binlake_c"}, "after": "b"},
+        {"op": "primary_key", "columns": ["__binlake_c"]}, {"op": "drop", "name": "__binlake_d"}]
+    plain = {"op": "i", "schema": {"columns": [{"name": "id"}]}, "rows": [{"after": {"id": 1}}]}
+    assert lake_columns(plain) is plain
+
+
+def test_long_names_are_bounded_by_a_hash_of_the_whole_name() -> None:
+    long = "ORDER_ITEMS_" + "X" * 34  # 46 upper-case characters: 276 bytes escaped
+    names = TableNames("lake", "Shop" * 16, long)
+    for ident in (names.namespace, names.current_name):
+        assert len(ident) <= MAX_NAME and hashed(ident)
+    assert len(names.changelog_name) <= 128
+    assert source_of(names.namespace, names.current_name) is None  # found by its property instead
+    assert bounded(long) != bounded(long[:-1] + "Y")
+    assert bounded("short") == escape("short") and not hashed(escape("a__b" * 20))
