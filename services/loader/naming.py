@@ -21,6 +21,7 @@ LIVE_SUFFIX = "__live"
 BOOK_NAMESPACE = "_binlake"  # bookkeeping tables: never an escaped source name (no leading single `_`)
 COMMITS_TABLE = "commits"  # one row per batch committed to every table it touched
 RENAMES_TABLE = "renames"  # one row per RENAME TABLE the lake followed
+RESNAPSHOTS_TABLE = "resnapshots"  # one row per re-snapshot a DDL needs, until the parser has it
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _ESCAPE = re.compile(r"__x([0-9a-f]+)_")
 
