@@ -14,7 +14,7 @@ import pytest
 from services.launcher.processes import ServiceProcess
 from services.loader.naming import BOOK_NAMESPACE, RESNAPSHOTS_TABLE
 from tests.integration.lake_stack import Stack, assert_cells_equal, read_table
-from tests.integration.support import read_stream_sync, wait_until
+from tests.integration.support import read_stream_sync, snapshot_cli, wait_until
 from tests.integration.test_loader import start_stack
 from tests.servers import MariaDB
 
@@ -25,6 +25,15 @@ ServiceFactory = Callable[..., ServiceProcess]
 def stack(source: MariaDB, database: str, nats_url: str, parser: ServiceProcess, sink_factory: ServiceFactory,
           service_factory: ServiceFactory, tmp_path: Path) -> Stack:
     return start_stack(source, database, nats_url, sink_factory, service_factory, tmp_path)
+
+
+@pytest.fixture
+def slow_snapshots(source: MariaDB, database: str, nats_url: str, parser_factory: Callable[..., ServiceProcess],
+                   sink_factory: ServiceFactory, service_factory: ServiceFactory,
+                   tmp_path: Path) -> tuple[Stack, ServiceProcess]:
+    """The stack, its parser snapshotting in chunks of 20 rows at 100 rows/s."""
+    parser = parser_factory(BINLAKE_SNAPSHOT_CHUNK_ROWS="20", BINLAKE_SNAPSHOT_MAX_ROWS_S="100")
+    return start_stack(source, database, nats_url, sink_factory, service_factory, tmp_path), parser
 
 
 def wait_equal(stack: Stack, *tables: str, timeout: float = 600) -> None:
@@ -129,3 +138,22 @@ def test_a_resnapshot_request_survives_a_loader_killed_after_the_commit_of_its_d
     wait_equal(stack, "casts")
     assert [(r["tbl"], r["filed"]) for r in requests(stack)] == [("casts", True)]
     assert snapshot_rows(stack, "casts") == 4  # one re-snapshot
+
+
+@pytest.mark.timeout(1200)
+def test_a_partition_dropped_during_a_snapshot_of_its_table_restarts_the_snapshot(slow_snapshots):
+    stack, parser = slow_snapshots
+    db = stack.db
+    stack.mariadb.execute(
+        f"CREATE TABLE `{db}`.big (id INT PRIMARY KEY, v INT) PARTITION BY RANGE (id) "
+        "(PARTITION p0 VALUES LESS THAN (500), PARTITION p1 VALUES LESS THAN (1000))",
+        f"INSERT INTO `{db}`.big VALUES " + ", ".join(f"({i}, {i})" for i in range(1000)))
+    stack.start_loader()
+    wait_equal(stack, "big")
+    done = snapshot_cli(stack.nats_url, f"{db}.big", "--no-wait")
+    assert done.returncode == 0, done.stderr
+    wait_until(lambda: snapshot_rows(stack, "big") >= 100, 300, "a part of the snapshot in BINLAKE_CDC", interval=0.5)
+    stack.mariadb.execute(f"ALTER TABLE `{db}`.big DROP PARTITION p1")
+    assert snapshot_rows(stack, "big") < 1000, "the snapshot was over before the statement: nothing is shown"
+    wait_equal(stack, "big")
+    assert '"snapshot.restarted"' in parser.output
