@@ -5,6 +5,7 @@
 <catalog>.<db>.<table>              current rows; MERGE INTO from the changelog tail
 <catalog>._binlake.commits          one row per batch every table it touched has committed
 <catalog>._binlake.cuts             per consistent cut, each current table's snapshot (`cuts`)
+<catalog>._binlake.resnapshots      re-snapshots DDL needs, until filed (`resnapshots`)
 ```
 (names escaped by `naming.escape`). A batch costs one append per table it touches. When
 one table's tail is large or old enough (`MergePolicy`), every table with a tail is merged
@@ -57,6 +58,7 @@ from services.loader.naming import (
     quote,
     sql_string,
 )
+from services.loader.resnapshots import Request, Resnapshots, request_id
 from services.loader.tables import LakeTable, ReservedColumn, arrow_to_spark, lake_source
 
 T = TypeVar("T")
@@ -83,11 +85,12 @@ class Lake:
     committed: int = 0  # the last batch every touched table committed (from the commits table)
     # BINLAKE_CDC identity -> what its sequences add up to lake sequences (the lake's own stay increasing)
     bases: dict[str, int] = field(default_factory=dict)
-    resnapshot: list[tuple[str, str, str]] = field(default_factory=list)  # (db, table, why) to re-read
+    resnapshot: list[Request] = field(default_factory=list)  # recorded, not filed with the parser yet
 
     def __post_init__(self) -> None:
         self.ice = Iceberg(self.spark, self.catalog)
         self.holds = Holds(self.spark, self.catalog)
+        self._requests = Resnapshots(self.spark, self.catalog)
         self._tables: dict[tuple[str, str], LakeTable | None] = {}
         self._views = self.views
         self._renamed: dict[tuple[str, str], int] = {}  # (db, table) -> scn of its last RENAME away
@@ -118,6 +121,7 @@ class Lake:
                                        "rows": "bigint"}, {})
         self.ice.create(self.renames, {"old_db": "string", "old_table": "string", "new_db": "string",
                                        "new_table": "string", "scn": "bigint"}, {})
+        self.resnapshot = self._requests.open(self.ice)
         row = self.spark.sql(f"SELECT max(seq) FROM {self.commits}").collect()[0][0]
         self.committed = int(row or 0)
         self.ice.create(self.holds.ident, self.holds.columns, {})
@@ -446,9 +450,19 @@ class Lake:
     def _record(self, batch: int, tables: int, rows: int) -> None:
         self.spark.sql(f"INSERT INTO {self.commits} VALUES ({batch}, current_timestamp(), {tables}, {rows})")
 
-    def request_resnapshot(self, db: str, table: str, why: str) -> None:
-        self.resnapshot.append((db, table, why))
-        self.log.warning("lake.resnapshot", table=f"{db}.{table}", why=why)
+    def request_resnapshot(self, db: str, table: str, why: str, order: tuple[int, int]) -> None:
+        """Record (durably, before the DDL at `order` commits) that `db.table` must be read again."""
+        req = Request(request_id(db, table, order), db, table, why)
+        if any(r.id == req.id for r in self.resnapshot):
+            return
+        self._requests.add(req)
+        self.resnapshot.append(req)
+        self.log.warning("lake.resnapshot", table=f"{db}.{table}", why=why, request=req.id)
+
+    def resnapshot_filed(self, req: Request) -> None:
+        """The parser has the request: it is not filed again."""
+        self._requests.filed(req)
+        self.resnapshot = [r for r in self.resnapshot if r.id != req.id]
 
 
 def _after(table: pa.Table, marker: Marker) -> pa.Table:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import secrets
 import time
 from concurrent.futures import Executor
 from typing import Any
 
+import nats.js.errors
 import structlog
 
 from services.loader import frames
@@ -60,6 +60,7 @@ class Loader:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         committed = await loop.run_in_executor(self._thread, self._lake.open)
+        await self._file_resnapshots()  # recorded before a crash, not filed then
         acked = await self._client.subscribe(filter=self._cfg.filter, start="earliest")
         self.log.info("loader.start", committed=committed, acked=acked)
         await self._report_held()
@@ -153,20 +154,23 @@ class Loader:
         self._reported = held
 
     async def _file_resnapshots(self) -> None:
-        """Ask the parser to read tables again whose lake values a DDL made inexact (an expression default)."""
+        """Ask the parser to read tables again whose lake values a DDL made inexact (`services.loader.resnapshots`)."""
         if not self._lake.resnapshot or self._js is None:
             return
         names = Names(self._cfg.prefix)
         kv = await jetstream.ensure_kv(self._js, names.cursors_bucket, history=bus.CURSOR_HISTORY,
                                        replicas=self._cfg.replicas)
-        while self._lake.resnapshot:
-            db, table, why = self._lake.resnapshot[0]
-            req = snap.SnapshotRequest(id=secrets.token_hex(6), created_ms=int(time.time() * 1000),
-                                       patterns=[f"^{re.escape(db)}\\.{re.escape(table)}$"])
+        loop = asyncio.get_running_loop()
+        for req in list(self._lake.resnapshot):
+            body = snap.SnapshotRequest(id=req.id, created_ms=int(time.time() * 1000),
+                                        patterns=[f"^{re.escape(req.db)}\\.{re.escape(req.table)}$"])
             with jetstream.nats_errors("snapshot request"):
-                await kv.create(keys.snapshot_request(self._cfg.source, req.id), req.to_json())
-            self.log.info("loader.resnapshot_requested", table=f"{db}.{table}", why=why, request=req.id)
-            self._lake.resnapshot.pop(0)
+                try:
+                    await kv.create(keys.snapshot_request(self._cfg.source, req.id), body.to_json())
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    pass  # filed before a crash that came before it was marked filed
+            await loop.run_in_executor(self._thread, self._lake.resnapshot_filed, req)
+            self.log.info("loader.resnapshot_requested", table=f"{req.db}.{req.table}", why=req.why, request=req.id)
 
 
 def _prepared(fetched: Fetched) -> frames.Prepared:

@@ -36,6 +36,7 @@ STREAMS_TABLE = "streams"  # one row per BINLAKE_CDC definition loaded from: its
 CUTS_TABLE = "cuts"  # per published cut, one row per current table: its snapshot as of that batch
 CUT_TAG = "binlake_cut"  # Iceberg tag on each current table: its snapshot in the newest cut
 HELD_TABLE = "held"  # the changes of tables set aside, until they load again
+RESNAPSHOTS_TABLE = "resnapshots"  # one row per re-snapshot a DDL needs, until the parser has it
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _ESCAPE = re.compile(r"__x([0-9a-f]+)_")
 MAX_NAME = 100  # bytes of a namespace or table base name: with the suffixes, under catalogs' 128 and file systems' 255

@@ -7,13 +7,18 @@
 | DROP COLUMN | kept (history) | column dropped |
 | RENAME COLUMN / CHANGE a b | renamed | renamed (Iceberg rename: files untouched) |
 | MODIFY type | promoted, or old column set aside as `_binlake_was_<seq>_<c>` | promoted, or cast + re-snapshot |
+| MODIFY keeping the lake type (precision, length, members, charset) | - | re-snapshot |
+| DROP/TRUNCATE/EXCHANGE PARTITION | - | emptied + re-snapshot (both tables of an exchange) |
+| CONVERT TO CHARACTER SET | - | re-snapshot |
 | ADD / DROP PRIMARY KEY | - | key changes (tables without a key are multisets) |
 | TRUNCATE / DROP TABLE | DDL row, history kept | emptied |
 | RENAME TABLE | both tables renamed (lake.Lake handles the ordering) | |
 
 Every statement also becomes a row of the changelog (`_binlake_op = 'ddl'`). Each step is
 idempotent (checked against the tables) or guarded by the current table's marker, so a
-kill in the middle and a redelivery finish it exactly once.
+kill in the middle and a redelivery finish it exactly once. A re-snapshot is recorded
+durably before the statement's commit (`services.loader.resnapshots`); the parser reads the
+table after the statement, through its watermark windows, so later changes are kept once.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import structlog
 
 from services.loader.frames import PREV, Ddl
 from services.loader.iceberg import Marker
-from services.loader.naming import quote
+from services.loader.naming import quote, sql_string
 from services.loader.tables import LakeTable, data_types
 from services.loader.types import promotable, spark_type
 
@@ -46,6 +51,8 @@ def apply(lake: Lake, db: str, name: str, table: LakeTable | None, step: Ddl, ba
     marker = Marker(int(step.env["scn"]), step.seq, max(batch, base))
     if kind == "create":
         return _create(lake, db, name, table, alter, marker)
+    if kind == "alter":
+        _reload(lake, db, name, table, alter, marker)
     if table is None:
         return None  # a table the lake has not seen rows of: its first rows create it
     if kind in ("drop", "truncate"):
@@ -58,6 +65,19 @@ def apply(lake: Lake, db: str, name: str, table: LakeTable | None, step: Ddl, ba
             lake.flush(table, batch)
             _alter(lake, table, ops, marker)
     return table
+
+
+def _reload(lake: Lake, db: str, name: str, table: LakeTable | None, alter: Mapping[str, Any],
+            marker: Marker) -> None:
+    """A statement that changed rows without row events: read the table again (emptied first when
+    rows may be gone: a snapshot only upserts)."""
+    reloads = [op for op in alter.get("ops") or [] if op.get("op") == "reload"]
+    if not reloads or not lake.include(db, name):
+        return
+    what = ", ".join(str(op["what"]) for op in reloads)
+    lake.request_resnapshot(db, name, f"{what} changed rows without row events", marker.order)
+    if table is not None and any(op.get("removes") for op in reloads):
+        _empty(lake, table, marker)
 
 
 def _create(lake: Lake, db: str, name: str, table: LakeTable | None, alter: Mapping[str, Any],
@@ -105,13 +125,13 @@ def _alter(lake: Lake, table: LakeTable, ops: list[Mapping[str, Any]], marker: M
     for op in ops:
         kind = op["op"]
         if kind == "add":
-            _add(lake, table, op, sets)
+            _add(lake, table, op, sets, marker)
         elif kind == "drop":
             _drop(lake, table, str(op["name"]))
         elif kind == "rename":
             _rename(lake, table, str(op["old"]), str(op["new"]))
         elif kind == "modify":
-            _modify(lake, table, op, sets, swaps, done=table.merged.order >= marker.order)
+            _modify(lake, table, op, sets, swaps, marker)
         elif kind == "primary_key":
             table.set_key(lake.ice, [str(c) for c in op["columns"]])
         elif kind == "drop_primary_key":
@@ -144,7 +164,7 @@ def _column(table: LakeTable, op: Mapping[str, Any]) -> tuple[dict[str, Any], st
     return col, str(col["name"]), spark_type(col)
 
 
-def _add(lake: Lake, table: LakeTable, op: Mapping[str, Any], sets: dict[str, str]) -> None:
+def _add(lake: Lake, table: LakeTable, op: Mapping[str, Any], sets: dict[str, str], marker: Marker) -> None:
     found = _column(table, op)
     if found is None:
         return
@@ -156,7 +176,7 @@ def _add(lake: Lake, table: LakeTable, op: Mapping[str, Any], sets: dict[str, st
         if after is None or after in table.columns:
             lake.ice.move_after(table.names.current, name, None if op.get("first") else str(after))
     if "default_expr" in op:
-        _inexact(lake, table, f"ADD COLUMN {name} with the expression default {op['default_expr']}")
+        _inexact(lake, table, f"ADD COLUMN {name} with the expression default {op['default_expr']}", marker)
     elif op.get("default") is not None:
         sets[name] = literal(op["default"], kind)
 
@@ -199,11 +219,13 @@ def _rename_column(lake: Lake, ident: str, columns: dict[str, str], src: str, ds
 
 
 def _modify(lake: Lake, table: LakeTable, op: Mapping[str, Any], sets: dict[str, str],
-            swaps: list[tuple[str, str]], *, done: bool) -> None:
+            swaps: list[tuple[str, str]], marker: Marker) -> None:
     found = _column(table, op)
     if found is None:
         return
     col, new, kind = found
+    done = table.merged.order >= marker.order
+    before = table.source_columns.get(str(op["old"]))
     tmp = f"_binlake_new_{new}"
     _rename(lake, table, str(op["old"]), new)
     if tmp in table.columns:  # a rewrite a kill interrupted
@@ -215,15 +237,33 @@ def _modify(lake: Lake, table: LakeTable, op: Mapping[str, Any], sets: dict[str,
     if new not in table.columns:
         table.add_column(lake.ice, new, kind)
     elif table.columns[new] != kind:
-        _retype(lake, table, new, kind, sets, swaps)
+        _retype(lake, table, new, kind, sets, swaps, marker)
+    elif converts(before, col):
+        _inexact(lake, table, f"column {new} changed from {_shown(before)} to {_shown(col)}; the source "
+                              "converted its values", marker)
     if op.get("default") is not None and not col.get("nullable", True) and new in table.columns:
         target = tmp if (tmp, new) in swaps else new
         base = sets.get(target, quote(new))
         sets[target] = f"coalesce({base}, {literal(op['default'], kind)})"
 
 
+def converts(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> bool:
+    """Whether a MODIFY from column `before` (None: not known) to `after` may change stored values:
+    any other precision, length, members or charset, or NULL no longer allowed."""
+    if before is None:
+        return True
+    shape = {k: v for k, v in before.items() if k not in ("name", "nullable")}
+    if shape != {k: v for k, v in after.items() if k not in ("name", "nullable")}:
+        return True
+    return bool(before.get("nullable", True)) and not after.get("nullable", True)
+
+
+def _shown(col: Mapping[str, Any] | None) -> str:
+    return "an unknown type" if col is None else str({k: v for k, v in col.items() if k != "name"})
+
+
 def _retype(lake: Lake, table: LakeTable, name: str, kind: str, sets: dict[str, str],
-            swaps: list[tuple[str, str]]) -> None:
+            swaps: list[tuple[str, str]], marker: Marker) -> None:
     ice = lake.ice
     old = table.columns[name]
     if promotable(old, kind):
@@ -240,7 +280,7 @@ def _retype(lake: Lake, table: LakeTable, name: str, kind: str, sets: dict[str, 
     sets[tmp] = f"CAST({quote(name)} AS {kind})"
     swaps.append((tmp, name))
     table._changelog_column(ice, name, kind)
-    _inexact(lake, table, f"column {name} changed type {old} -> {kind}; values were cast by Spark")
+    _inexact(lake, table, f"column {name} changed type {old} -> {kind}; values were cast by Spark", marker)
 
 
 def _swap(lake: Lake, table: LakeTable, tmp: str, final: str) -> None:
@@ -264,16 +304,12 @@ def retype(lake: Lake, table: LakeTable, name: str, kind: str, marker: Marker) -
     """A column's type changed without a DDL the loader saw: promote, or rewrite now."""
     sets: dict[str, str] = {}
     swaps: list[tuple[str, str]] = []
-    _retype(lake, table, name, kind, sets, swaps)
+    _retype(lake, table, name, kind, sets, swaps, marker)
     _rewrite(lake, table, sets, swaps, marker)
 
 
-def _inexact(lake: Lake, table: LakeTable, why: str) -> None:
-    if table.key:
-        lake.request_resnapshot(table.names.db, table.names.table, why)
-    else:
-        log.error("lake.inexact", table=f"{table.names.db}.{table.names.table}", why=why,
-                  fix="a table without a primary key cannot be re-read in place: add a key, or reload it")
+def _inexact(lake: Lake, table: LakeTable, why: str, marker: Marker) -> None:
+    lake.request_resnapshot(table.names.db, table.names.table, why, marker.order)
 
 
 def literal(value: Any, kind: str) -> str:
@@ -289,14 +325,11 @@ def literal(value: Any, kind: str) -> str:
         return f"CAST(array({items}) AS array<string>)" if value else "CAST(array() AS array<string>)"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         text = repr(float(value)) if isinstance(value, float) else str(value)
-        return f"CAST({text} AS {kind})" if kind != "string" else _string(text)
+        return f"CAST({text} AS {kind})" if kind != "string" else sql_string(text)
     if isinstance(value, (dt.date, dt.datetime)):
         value = value.isoformat()
     text = str(value)
     if kind == "timestamp" and text.endswith("Z"):
-        return f"CAST({_string(text[:-1])} AS timestamp)"
-    return f"CAST({_string(text)} AS {kind})"
+        return f"CAST({sql_string(text[:-1])} AS timestamp)"
+    return f"CAST({sql_string(text)} AS {kind})"
 
-
-def _string(text: str) -> str:
-    return f"CAST(X'{text.encode().hex()}' AS STRING)"

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 KEY_PROP, SOURCE_PROP = "binlake.key", "binlake.source"
 DROPPED_PROP = "binlake.dropped"  # "true" from a DROP TABLE until the table is created again
+# The source's column descriptions (the envelope's schema) as the last rows carried them: a MODIFY
+# that keeps the lake type is compared with them (precision, length, members, charset).
+SOURCE_COLUMNS_PROP = "binlake.source-columns"
 _BOOK_TYPES = {"_binlake_op": "string", "_binlake_seq": "bigint", "_binlake_row": "int", "_binlake_scn": "bigint",
                "_binlake_ts": "timestamp", "_binlake_pos": "string", "_binlake_gtid": "string",
                "_binlake_ddl": "string"}
@@ -87,6 +90,7 @@ class LakeTable:
     tail_rows: int = 0
     tail_since: float | None = None
     dropped: bool = False  # the source dropped the table; a CREATE ... IF NOT EXISTS creates it again
+    source_columns: dict[str, dict[str, Any]] = field(default_factory=dict)  # SOURCE_COLUMNS_PROP
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -107,7 +111,8 @@ class LakeTable:
         props = ice.props(names.current)
         table = cls(names, ice.columns(names.current), list(json.loads(props.get(KEY_PROP, "[]"))),
                     changelog_columns, ice.marker(names.changelog) or Marker(), ice.marker(names.current) or Marker(),
-                    dropped=props.get(DROPPED_PROP) == "true")
+                    dropped=props.get(DROPPED_PROP) == "true",
+                    source_columns=dict(json.loads(props.get(SOURCE_COLUMNS_PROP, "{}"))))
         for name, kind in table.columns.items():  # a kill between two schema changes of one DDL
             if name not in changelog_columns and not name.startswith(frames.BOOK_PREFIX):
                 table._changelog_column(ice, name, kind)
@@ -125,9 +130,11 @@ class LakeTable:
         props = {SOURCE_PROP: source_prop(names)}
         changelog_columns = book_columns(data, prev)
         ice.create(names.changelog, changelog_columns, props)
-        ice.create(names.current, data, {**props, KEY_PROP: json_prop(list(key))})
+        described = {str(c["name"]): dict(c) for c in columns}
+        ice.create(names.current, data, {**props, KEY_PROP: json_prop(list(key)),
+                                         SOURCE_COLUMNS_PROP: json_prop(described)})
         log.info("lake.table_created", table=f"{names.db}.{names.table}", key=list(key))
-        return cls(names, dict(data), list(key), changelog_columns)
+        return cls(names, dict(data), list(key), changelog_columns, source_columns=described)
 
     def rename(self, ice: Iceberg, to: TableNames) -> None:
         """Follow a RENAME TABLE: an Iceberg rename, or a copy where the catalog has none (hadoop)."""
@@ -181,6 +188,10 @@ class LakeTable:
                 lake.flush(self, self.appended.batch)
                 retype(lake, self, name, kind, self.appended)
         self.ensure_prev(ice)
+        described = {str(c["name"]): dict(c) for c in columns}
+        if described != self.source_columns:
+            ice.set_props(self.names.current, {SOURCE_COLUMNS_PROP: json_prop(described)})
+            self.source_columns = described
 
     def add_column(self, ice: Iceberg, name: str, kind: str) -> None:
         if name not in self.columns:

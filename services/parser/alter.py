@@ -97,8 +97,17 @@ class PrimaryKeyOp(TypedDict):
     columns: list[str]
 
 
+class ReloadOp(TypedDict):
+    """The statement changed existing rows without row events (DROP/TRUNCATE/EXCHANGE PARTITION,
+    CONVERT TO CHARACTER SET): the lake reads the table again; `removes`: rows may be gone."""
+
+    op: Literal["reload"]
+    what: str  # the spec's leading words, e.g. "DROP PARTITION"
+    removes: bool
+
+
 RenameTableOp = TypedDict("RenameTableOp", {"op": Literal["rename_table"], "from": list[str], "to": list[str]})
-Op = AddOp | ModifyOp | DropOp | RenameOp | DropPrimaryKeyOp | PrimaryKeyOp | RenameTableOp
+Op = AddOp | ModifyOp | DropOp | RenameOp | DropPrimaryKeyOp | PrimaryKeyOp | RenameTableOp | ReloadOp
 
 
 class Alter(TypedDict):
@@ -685,11 +694,27 @@ def _modify(toks: list[Token], change: bool, mariadb: bool) -> list[Op]:
     return _column_op(op, _column(new, toks[j + 1 + change :], mariadb), mariadb)
 
 
+# (first word, second word) -> rows may be removed. EXCHANGE and CONVERT move rows in and out.
+_RELOADS = {("DROP", "PARTITION"): True, ("TRUNCATE", "PARTITION"): True, ("EXCHANGE", "PARTITION"): True,
+            ("CONVERT", "PARTITION"): True, ("CONVERT", "TABLE"): True, ("CONVERT", "TO"): False}
+
+
+def _reload(toks: list[Token]) -> ReloadOp | None:
+    """A spec that changes rows without row events, else None (ADD/REORGANIZE/COALESCE PARTITION keep them)."""
+    words = (toks[0].word, toks[1].word)
+    if words not in _RELOADS:
+        return None
+    return {"op": "reload", "what": " ".join(words), "removes": _RELOADS[words]}
+
+
 def _spec(spec: str, table: tuple[str, str], db: str, mariadb: bool, lower_names: bool) -> list[Op]:
     """The ops of one ALTER TABLE spec (`ADD COLUMN ...`, `DROP x`, `RENAME TO t2`, ...)."""
     toks = ddl.tokens(spec)
     toks += [Token("", "")] * (4 - min(len(toks), 4))  # so that short specs index safely
     head = toks[0].word
+    reload = _reload(toks)
+    if reload is not None:
+        return [reload]
     if head == "ADD":
         return _add(toks, mariadb)
     if head == "DROP":

@@ -1,8 +1,9 @@
 """Pure: which tables a statement from a binlog QUERY event touches.
 
 DDL travels on the subject of the table it alters so it stays ordered with that table's
-rows. Only the table names are parsed here, plus the lexing helpers (`tokens`,
-`split_top_level`, `unquote`) that `alter` uses to describe the columns.
+rows (a partition exchange also on the other table's: it changes the rows of both). Only
+the table names are parsed here, plus the lexing helpers (`tokens`, `split_top_level`,
+`unquote`) that `alter` uses to describe the columns.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ _DROP = re.compile(r"^DROP\s+(?:TEMPORARY\s+)?TABLES?\s+(?:IF\s+EXISTS\s+)?(.*?)
 _RENAME = re.compile(r"^RENAME\s+TABLES?\s+(.*)$", re.I | re.S)
 _ALTER_RENAME = re.compile(rf"^RENAME\s+(?:TO\s+|AS\s+|=\s*)?{_QNAME}\s*$", re.I)
 _ALTER_RENAME_COLUMN = re.compile(r"^RENAME\s+(?:COLUMN|INDEX|KEY)\b", re.I)
+# Partition specs that move rows between the altered table and another one.
+_ALTER_PARTNER = re.compile(rf"^(?:EXCHANGE\s+PARTITION\s+{_NAME}\s+WITH\s+TABLE\s+{_QNAME}"
+                            rf"|CONVERT\s+PARTITION\s+{_NAME}\s+TO\s+TABLE\s+{_QNAME}"
+                            rf"|CONVERT\s+TABLE\s+{_QNAME}\s+TO\s+PARTITION\b)", re.I)
 _DML = re.compile(r"^(?:INSERT|UPDATE|DELETE|REPLACE|LOAD\s+DATA|LOAD\s+XML)\b", re.I)
 _TXN = re.compile(r"^(?:BEGIN|COMMIT|ROLLBACK|XA\s|SAVEPOINT|RELEASE\s+SAVEPOINT|ROLLBACK\s+TO)\b", re.I)
 
@@ -132,6 +137,15 @@ def rename_target(spec: str, default_db: str, *, lower_names: bool = False) -> t
     return _split_name(m.group(1), default_db, lower_names)
 
 
+def partition_partner(spec: str, default_db: str, *, lower_names: bool = False) -> tuple[str, str] | None:
+    """The other table of an ALTER TABLE spec that moves a partition's rows (EXCHANGE PARTITION ...
+    WITH TABLE x, MariaDB's CONVERT PARTITION ... TO TABLE x and CONVERT TABLE x TO PARTITION), else None."""
+    m = _ALTER_PARTNER.match(spec)
+    if m is None:
+        return None
+    return _split_name(next(g for g in m.groups() if g), default_db, lower_names)
+
+
 def _name_list(text: str) -> list[str]:
     return re.findall(_QNAME, text)
 
@@ -163,7 +177,10 @@ def parse(sql: str, default_db: str, *, lower_names: bool = False) -> Statement:
             tables = [_split_name(m.group(1), default_db, lower_names)]
             rest = text[m.end():]
             if kind == "alter":
-                tables.extend(t for item in split_top_level(rest)
-                              if (t := rename_target(item, default_db, lower_names=lower_names)))
+                for item in split_top_level(rest):
+                    t = rename_target(item, default_db, lower_names=lower_names)
+                    t = t or partition_partner(item, default_db, lower_names=lower_names)
+                    if t:
+                        tables.append(t)
             return Statement(kind, tuple(tables), rest if kind in ("create", "alter") else "")
     return Statement("other", ())

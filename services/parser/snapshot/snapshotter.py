@@ -144,6 +144,7 @@ class Snapshotter:
         # Per table being snapshotted: its shape and the DDL mark it was confirmed at. Described
         # once, not per chunk; a DDL on the table seen by the binlog thread makes it stale.
         self._shapes: dict[str, tuple[TableShape, int]] = {}
+        self._removed: dict[str, int] = {}  # table -> `Windows.removal_mark` its chunks were read after
         self._rows = registry.gauge("parser_snapshot_rows", "Rows a table's snapshot has emitted")
         self._estimate = registry.gauge("parser_snapshot_rows_estimated", "Estimated rows of a table being snapshotted")
         self._done = registry.gauge("parser_snapshot_done", "1 when a table's snapshot has finished")
@@ -294,6 +295,7 @@ class Snapshotter:
         commit: asyncio.Task[int] | None = None
         sealed: _Read | None = None  # a chunk the last watermark closed, its outcome not yet settled
         self.windows.snapshotting += 1
+        self._removed[p.name] = self.windows.removal_mark(p.db, p.table)
         try:
             if p.state == snap.PENDING:
                 t = now_ms()
@@ -309,6 +311,16 @@ class Snapshotter:
                     if commit is not None and commit.done():
                         commit.result()  # a failed progress write stops the table now, not at its end
                     before = p.retries
+                    if (removed := self.windows.removal_mark(p.db, p.table)) != self._removed[p.name]:
+                        # The lake empties the table at that statement, with the chunks emitted
+                        # before it: read them all again.
+                        self._removed[p.name] = removed
+                        if sealed is not None:
+                            self.windows.close(sealed.wid)
+                            sealed = None
+                        p = replace(p, last_key=None)
+                        self.log.warning("snapshot.restarted", table=p.name,
+                                         reason="rows removed by a partition statement")
                     try:
                         # Chunk k+1 is read while the binlog thread releases chunk k; progress is
                         # written in chunk order, each only after its rows were acknowledged.
@@ -368,6 +380,7 @@ class Snapshotter:
                 self.windows.close(sealed.wid)  # else the window would hold its rows forever
             self.windows.snapshotting -= 1
             self._shapes.pop(p.name, None)
+            self._removed.pop(p.name, None)
             if commit is not None and not commit.done():
                 commit.cancel()
                 await asyncio.wait([commit], timeout=5)

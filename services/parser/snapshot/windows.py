@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from services.parser.alter import describe
 from services.parser.columns import TableSchema
 
 LOW, HIGH, BOTH = "L", "H", "B"
@@ -92,6 +93,9 @@ class Windows:
         # statements whose tables are unknown. Counted while `snapshotting` (table snapshots
         # running, set by the event loop), so a table's shape is described again only after a DDL.
         self._ddl: dict[tuple[str, str], int] = {}
+        # Of those, the statements that removed rows without row events (DROP/TRUNCATE/EXCHANGE
+        # PARTITION): the lake empties the table there, so a running snapshot starts over.
+        self._removals: dict[tuple[str, str], int] = {}
         self.snapshotting = 0
 
     # -- event loop side ----------------------------------------------------------------
@@ -136,12 +140,20 @@ class Windows:
         db = db.casefold()
         return self._ddl.get((db, table.casefold()), 0) + self._ddl.get((db, ""), 0) + self._ddl.get(("", ""), 0)
 
+    def removal_mark(self, db: str, table: str) -> int:
+        """How many statements that removed rows of `db.table` without row events have been seen."""
+        with self._lock:
+            return self._removals.get((db.casefold(), table.casefold()), 0)
+
     def on_ddl(self, tables: list[tuple[str, str]] | None, sql: str) -> None:
         """DDL between L and H may have changed what SELECT saw: such windows read again."""
         named = None if tables is None else {(db.casefold(), t.casefold()) for db, t in tables}
+        removes = any(op["op"] == "reload" and op["removes"] for op in describe(sql, "")["ops"])
         with self._lock:
             for name in named if named is not None else {("", "")}:
                 self._ddl[name] = self._ddl.get(name, 0) + 1
+                if removes:
+                    self._removals[name] = self._removals.get(name, 0) + 1
             for w in self._by_id.values():
                 db, table = w.db.casefold(), w.table.casefold()
                 if w.low_seen and (named is None or (db, table) in named or (db, "") in named):

@@ -403,3 +403,22 @@ def test_create_if_not_exists_is_flagged():
     assert describe("CREATE TABLE IF NOT EXISTS t (id INT PRIMARY KEY)", "d").get("if_not_exists") is True
     assert "if_not_exists" not in describe("CREATE TABLE t (id INT PRIMARY KEY)", "d")
     assert describe("/* x */ create temporary table if not exists t (id int)", "d").get("if_not_exists") is True
+
+
+@pytest.mark.parametrize(("spec", "what", "removes"), [
+    ("DROP PARTITION p0, p1", "DROP PARTITION", True),
+    ("TRUNCATE PARTITION ALL", "TRUNCATE PARTITION", True),
+    ("EXCHANGE PARTITION p0 WITH TABLE t2 WITHOUT VALIDATION", "EXCHANGE PARTITION", True),
+    ("CONVERT PARTITION p0 TO TABLE t3", "CONVERT PARTITION", True),
+    ("CONVERT TABLE t4 TO PARTITION p4 VALUES LESS THAN (5)", "CONVERT TABLE", True),
+    ("CONVERT TO CHARACTER SET latin1", "CONVERT TO", False),
+])
+def test_statements_that_change_rows_without_row_events_ask_for_a_reload(spec, what, removes):
+    assert describe(f"ALTER TABLE t {spec}", "d")["ops"] == [{"op": "reload", "what": what, "removes": removes}]
+
+
+@pytest.mark.parametrize("spec", ["ADD PARTITION (PARTITION p9 VALUES LESS THAN (10))",
+                                  "REORGANIZE PARTITION p0 INTO (PARTITION p0a VALUES LESS THAN (5))",
+                                  "COALESCE PARTITION 2", "REMOVE PARTITIONING", "DROP INDEX i"])
+def test_partition_statements_that_keep_the_rows_change_nothing(spec):
+    assert describe(f"ALTER TABLE t {spec}", "d")["ops"] == []

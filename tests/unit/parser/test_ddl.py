@@ -28,6 +28,11 @@ from services.parser.ddl import Statement, parse, strip_comments
         ("ALTER TABLE t ENGINE=InnoDB, RENAME TO t2", "alter", [("s", "t"), ("s", "t2")]),
         ("ALTER TABLE t RENAME COLUMN a TO b", "alter", [("s", "t")]),
         ("ALTER TABLE t RENAME INDEX i TO j", "alter", [("s", "t")]),
+        # a partition moved between two tables: both
+        ("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE `db2`.`t2`", "alter", [("s", "t"), ("db2", "t2")]),
+        ("ALTER TABLE t CONVERT PARTITION p0 TO TABLE t3", "alter", [("s", "t"), ("s", "t3")]),
+        ("ALTER TABLE t CONVERT TABLE t4 TO PARTITION p4 VALUES LESS THAN (5)", "alter", [("s", "t"), ("s", "t4")]),
+        ("ALTER TABLE t DROP PARTITION p0", "alter", [("s", "t")]),
         ("ALTER TABLE t RENAME KEY i TO j", "alter", [("s", "t")]),
         # DROP
         ("DROP TABLE t", "drop", [("s", "t")]),

@@ -457,3 +457,12 @@ def test_is_watermark() -> None:
     assert w.is_watermark("binlake", "watermarks")
     assert not w.is_watermark("binlake", "other")
     assert not w.is_watermark("shop", "watermarks")
+
+
+def test_a_statement_that_removes_rows_without_row_events_is_counted_for_each_table_it_names():
+    w = Windows(SRC, WATERMARKS)
+    w.on_ddl([("s", "Orders"), ("s", "old")], "ALTER TABLE orders EXCHANGE PARTITION p0 WITH TABLE old")
+    w.on_ddl([("s", "orders")], "ALTER TABLE orders ADD PARTITION (PARTITION p9 VALUES LESS THAN (9))")
+    w.on_ddl([("s", "orders")], "ALTER TABLE orders CONVERT TO CHARACTER SET latin1")  # upserts suffice
+    w.on_ddl([("s", "orders")], "ALTER TABLE orders DROP PARTITION p1")
+    assert (w.removal_mark("s", "orders"), w.removal_mark("S", "OLD"), w.removal_mark("s", "other")) == (2, 1, 0)
