@@ -55,17 +55,24 @@ TABLES = {
     "users": "CREATE TABLE `{db}`.`users` (id INT PRIMARY KEY, name VARCHAR(20))",
     "order-items": "CREATE TABLE `{db}`.`order-items` (id INT PRIMARY KEY, qty INT)",
     "order_items": "CREATE TABLE `{db}`.`order_items` (id INT PRIMARY KEY, qty INT)",
+    "logs": "CREATE TABLE `{db}`.logs (id INT, day INT, v VARCHAR(20), PRIMARY KEY (id, day)) "
+            "PARTITION BY RANGE (day) (PARTITION p0 VALUES LESS THAN (10), PARTITION p1 VALUES LESS THAN (20), "
+            "PARTITION p2 VALUES LESS THAN MAXVALUE)",
 }
 # (fraction of the workload, statement, what changes for the statements after it)
 DDL = [
     (0.25, "ALTER TABLE `{db}`.accounts ADD COLUMN x INT NOT NULL DEFAULT 7", "x"),
+    (0.30, "ALTER TABLE `{db}`.logs TRUNCATE PARTITION p1", None),  # rows gone without row events
     (0.40, "ALTER TABLE `{db}`.tags MODIFY n BIGINT", None),
+    (0.45, "ALTER TABLE `{db}`.accounts MODIFY updated DATETIME(0)", None),  # the source rounds every value
     (0.50, "ALTER TABLE `{db}`.events MODIFY score VARCHAR(20)", None),
+    (0.55, "ALTER TABLE `{db}`.logs DROP PARTITION p0", None),
     (0.60, "ALTER TABLE `{db}`.accounts RENAME COLUMN owner TO holder", "holder"),
+    (0.65, "ALTER TABLE `{db}`.`Users` RENAME COLUMN name TO Name", None),  # case only
     (0.75, "RENAME TABLE `{db}`.tags TO `{db}`.labels", "labels"),
 ]
 TRICKLE_S = 0.5
-FINAL = ["accounts", "events", "labels", "dups", "Users", "users", "order-items", "order_items"]
+FINAL = ["accounts", "events", "labels", "dups", "Users", "users", "order-items", "order_items", "logs"]
 
 
 def _set(event: threading.Event) -> threading.Event:
@@ -127,7 +134,7 @@ class LakeWorkload:
             self.done.set()
 
     def _statement(self, cur: Any, rnd: random.Random, next_id: Counter[str]) -> int:
-        table = rnd.choices(list(TABLES), weights=[3, 3, 2, 2, 1, 1, 1, 1])[0]
+        table = rnd.choices(list(TABLES), weights=[3, 3, 2, 2, 1, 1, 1, 1, 2])[0]
         logical = table
         if table == "tags" and "labels" in self.state:
             table = "labels"
@@ -155,6 +162,8 @@ class LakeWorkload:
             elif table in ("tags", "labels"):
                 col = rnd.choice(["n = n + 1", "flag = IF(flag = b'1', b'0', b'1')", "id = CONCAT(id, 'm')"])
                 cur.execute(f"UPDATE {t} SET {col} WHERE n BETWEEN %s AND %s AND id NOT LIKE '%%m'", (lo, hi))
+            elif table == "logs":
+                cur.execute(f"UPDATE {t} SET v = CONCAT(LEFT(v, 18), 'u') WHERE id BETWEEN %s AND %s", (lo, hi))
             else:
                 col = "name = CONCAT(name, '!')" if "sers" in table else "qty = qty + 1"
                 cur.execute(f"UPDATE {t} SET {col} WHERE id BETWEEN %s AND %s", (lo, hi))
@@ -180,6 +189,8 @@ class LakeWorkload:
             return f"({i % 50}, 'v{i % 3}')"  # many duplicates
         if "sers" in table:
             return f"({i}, '{table[0]}{i}')"
+        if table == "logs":
+            return f"({i}, {i % 30}, 'v{i}')"
         return f"({i}, {i % 10})"
 
 
@@ -265,7 +276,8 @@ def run_load(stack: Stack, *, kills: int, merge_kill: bool, rate: float, target:
 @pytest.mark.timeout(1500)
 @BOTH_SOURCES
 def test_random_workload_with_ddl_and_kills_lands_in_the_lake_exactly(stack, source, spark):
-    """DDL of every kind, a keyless table with duplicates, case-colliding names; kills mid-batch and mid-merge.
+    """DDL of every kind (partition statements, a DATETIME precision change and a case-only column rename
+    among them), a keyless table with duplicates, case-colliding names; kills mid-batch and mid-merge.
 
     The loader's kills do not depend on the source: one kill mid-batch on both, and on MariaDB one more
     mid-merge (each restart is a new Spark JVM)."""
