@@ -59,15 +59,21 @@ def inserts(f: Feed, table: str, ids: range, tag: str) -> tuple[int, dict[str, A
     return f.env("i", [{"after": {"id": i, "v": f"{tag}{i}"}} for i in ids], [ID, V], ["id"], table=table)
 
 
+def load_t_and_u_then_refuse_u(lake: Any, f: Feed, ids: range) -> Any:
+    """Tables t and u loaded with `ids`; then Iceberg refuses every write to u's changelog (a real
+    failure, not a mock). Returns u's lake table."""
+    first = [inserts(f, "t", ids, "t"), inserts(f, "u", ids, "u")]
+    lake.apply(first[-1][0], first)
+    u = lake.table("d", "u")
+    assert u is not None
+    lake.spark.sql(f"ALTER TABLE {u.names.changelog} SET TBLPROPERTIES ('write.format.default'='bogus')")
+    return u
+
+
 def test_a_table_the_lake_refuses_is_held_while_the_others_load_then_resumes_equal(lake_factory, monkeypatch):
     lake = lake_factory()
     f = Feed()
-    b1 = [inserts(f, "t", range(1, 4), "t"), inserts(f, "u", range(1, 4), "u")]
-    lake.apply(b1[-1][0], b1)
-    u = lake.table("d", "u")
-    assert u is not None
-    # Iceberg refuses every write to u's changelog from now on: a real failure, not a mock.
-    lake.spark.sql(f"ALTER TABLE {u.names.changelog} SET TBLPROPERTIES ('write.format.default'='bogus')")
+    u = load_t_and_u_then_refuse_u(lake, f, range(1, 4))
     b2 = [inserts(f, "t", range(4, 6), "t"), inserts(f, "u", range(4, 6), "u"),
           f.env("d", [{"before": {"id": 1, "v": "u1"}}], [ID, V], ["id"], table="u")]
     with structlog.testing.capture_logs() as logs:
@@ -126,11 +132,7 @@ async def test_a_held_table_shows_in_status_healthz_and_metrics_until_the_loader
         lake_factory, nats_url, monkeypatch):
     lake = lake_factory()
     f = Feed()
-    b1 = [inserts(f, "t", range(1, 3), "t"), inserts(f, "u", range(1, 3), "u")]
-    lake.apply(b1[-1][0], b1)
-    u = lake.table("d", "u")
-    assert u is not None
-    lake.spark.sql(f"ALTER TABLE {u.names.changelog} SET TBLPROPERTIES ('write.format.default'='bogus')")
+    u = load_t_and_u_then_refuse_u(lake, f, range(1, 3))
     b2 = [inserts(f, "u", range(3, 5), "u"), inserts(f, "t", range(3, 5), "t")]
     lake.apply(b2[-1][0], b2)
 
