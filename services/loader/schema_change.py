@@ -197,8 +197,7 @@ def _rename(lake: Lake, table: LakeTable, old: str, new: str) -> None:
         table.columns = _rename_column(lake, table.names.current, table.columns, old, new)
     for src, dst in ((old, new), (PREV + old, PREV + new)):
         if src in table.changelog_columns or CASE_TMP + dst in table.changelog_columns:
-            if dst in table.changelog_columns:  # an older column of that name: aside
-                table.set_aside(ice, dst)
+            table.make_room(ice, dst, keep=src)  # an older column of that name: aside
             table.changelog_columns = _rename_column(lake, table.names.changelog, table.changelog_columns, src, dst)
     if old in table.key:
         table.set_key(ice, [new if k == old else k for k in table.key])

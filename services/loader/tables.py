@@ -200,13 +200,18 @@ class LakeTable:
         self._changelog_column(ice, name, kind)
 
     def _changelog_column(self, ice: Iceberg, name: str, kind: str) -> None:
-        have = self.changelog_columns.get(name)
-        if have == kind:
+        if self.changelog_columns.get(name) == kind:
             return
-        if have is not None:  # an older column of that name with another type: keep it aside
-            self.set_aside(ice, name)
+        self.make_room(ice, name)
         ice.add_columns(self.names.changelog, {name: kind})
         self.changelog_columns[name] = kind
+
+    def make_room(self, ice: Iceberg, name: str, keep: str | None = None) -> None:
+        """Set aside every changelog column but `keep` that Spark would take for `name`: an older
+        column of that name (another type, a dropped column), or of that name in another case
+        (Spark compares names without case; a kill inside a case-only rename leaves one)."""
+        for other in [c for c in self.changelog_columns if c.lower() == name.lower() and c != keep]:
+            self.set_aside(ice, other)
 
     def set_aside(self, ice: Iceberg, name: str) -> None:
         """Rename a changelog column out of the way (its history stays readable under the new name)."""
@@ -224,8 +229,7 @@ class LakeTable:
             prev = PREV + name
             if self.changelog_columns.get(prev) == kind:
                 continue
-            if prev in self.changelog_columns:
-                self.set_aside(ice, prev)
+            self.make_room(ice, prev)
             ice.add_columns(self.names.changelog, {prev: kind})
             self.changelog_columns[prev] = kind
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 from pyiceberg.table import StaticTable
 
 from services.launcher.processes import ServiceProcess
-from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, TableNames
+from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, HELD_TABLE, TableNames
 from shared.errors import NatsUnavailable
 from shared.jetstream import server_urls
 from shared.meta_client import MetaClient
@@ -114,6 +114,13 @@ class Stack:
             return 0
         return int(max(rows.column("seq").to_pylist()))
 
+    def held(self) -> list[tuple[str, str, str]]:
+        """(db, table, reason) of every table the loader has set aside."""
+        rows = read_table(Path(self.warehouse) / BOOK_NAMESPACE / HELD_TABLE)
+        if rows is None:
+            return []
+        return [(r["db"], r["table"], r["reason"]) for r in rows.to_pylist() if r["env"] is None]
+
     def current(self, table: str) -> pa.Table | None:
         n = self.names(table)
         return read_table(Path(n.path(self.warehouse, n.current_name)))
@@ -153,6 +160,7 @@ class Stack:
         """Until no table has un-merged changes (the current tables alone equal the source)."""
         def merged() -> bool:
             assert self.loader.running, f"the loader died:\n{self.loader.output[-5000:]}"
+            assert not (held := self.held()), f"tables set aside by the loader: {held}"
             for t in tables:
                 n = self.names(t)
                 cur, log = (iceberg_table(Path(n.path(self.warehouse, x))) for x in (n.current_name,
