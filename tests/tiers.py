@@ -26,7 +26,8 @@ _COST = {"test_compose_stack": 690, "test_loader": 420, "test_parser_operations"
          "test_up": 205, "test_store": 130, "test_spark_cluster": 120, "test_lake_readers": 105,
          "test_hostile_names": 100, "test_lake": 90, "test_failover": 85, "test_nats_cluster": 70,
          "test_memory": 60, "test_meta_backends": 60, "test_lake_cuts": 60, "test_sink": 55, "test_verify": 45,
-         "test_service_users": 45}
+         "test_service_users": 45, "test_ddl_follow": 190, "test_lake_isolation": 150,
+         "test_failover_same_server_id": 60, "test_stream_identity": 45}
 
 
 def run_order(path: PurePath) -> tuple[int, int]:
