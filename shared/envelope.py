@@ -20,7 +20,8 @@ import msgpack
 
 VERSION: Final = 1
 REF_VERSION: Final = 2  # a reference to an object holding a version-1 envelope (`shared.objects`)
-OPS: Final = frozenset({"i", "u", "d", "r", "ddl", "hb"})
+REPLACE: Final = "replace"  # a keyless table's snapshot begins here: it replaces the table's rows before it
+OPS: Final = frozenset({"i", "u", "d", "r", REPLACE, "ddl", "hb"})
 ROW_OPS: Final = frozenset({"i", "u", "d", "r"})  # the ops that carry rows
 REQUIRED: Final = ("v", "source", "op", "ts", "pos", "scn", "txn")
 

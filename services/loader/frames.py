@@ -1,9 +1,10 @@
 """Pure (Arrow only): a batch of envelopes -> per table, an ordered list of steps.
 
-A step is either a `Rows` run (row changes between two DDL statements of that table, in
-segments of one schema version each) or a `Ddl` (one DDL envelope with the parser's
-structured `alter` description). The loader appends each run to the table's changelog and
-applies each DDL in between, so schema changes keep their place among the rows.
+A step is a `Rows` run (row changes between two DDL statements of that table, in
+segments of one schema version each), a `Ddl` (one DDL envelope with the parser's
+structured `alter` description) or a `Replace` (a keyless table's snapshot begins). The
+loader appends each run to the table's changelog and applies each DDL in between, so
+schema changes keep their place among the rows.
 
 A changelog row is one row change: bookkeeping columns (`_binlake_op`, `_binlake_seq` the
 CDC sequence, `_binlake_row` the row's index in its event, `_binlake_scn`, `_binlake_ts`,
@@ -23,7 +24,7 @@ import pyarrow as pa
 
 from services.loader.naming import lake_column, reserved_column
 from services.loader.types import to_array
-from shared.envelope import ROW_OPS
+from shared.envelope import REPLACE, ROW_OPS
 
 BOOK_PREFIX = "_binlake_"
 PREV = "_binlake_prev_"
@@ -108,7 +109,15 @@ class Ddl:
         return dict(self.env.get("alter") or {"kind": "other", "ops": [], "renames": []})
 
 
-Step = Rows | Ddl
+@dataclass(frozen=True)
+class Replace:
+    """A keyless table's snapshot begins: the fold discards the table's rows before it."""
+
+    seq: int
+    env: dict[str, Any]
+
+
+Step = Rows | Ddl | Replace
 
 
 @dataclass
@@ -146,9 +155,12 @@ def group(events: Iterable[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str],
     out: dict[tuple[str, str], TableChanges] = {}
     for seq, env in events:
         op, db, table = env["op"], env.get("db"), env.get("table")
-        if table is None or op not in ROW_OPS | {"ddl"}:
+        if table is None or op not in ROW_OPS | {"ddl", REPLACE}:
             continue
         changes = out.setdefault((db or "", table), TableChanges(db or "", table))
+        if op == REPLACE:
+            changes.steps.append(Replace(seq, env))
+            continue
         env = lake_columns(env)
         if op == "ddl":
             changes.steps.append(Ddl(seq, env))

@@ -45,7 +45,7 @@ from pyspark.sql import SparkSession
 
 from services.loader import frames, schema_change
 from services.loader.cuts import Cuts
-from services.loader.frames import Ddl, Rows
+from services.loader.frames import Ddl, Replace, Rows
 from services.loader.holds import Holds
 from services.loader.iceberg import Iceberg, Marker
 from services.loader.merges import Fold, live_sql, merge_sql
@@ -297,6 +297,12 @@ class Lake:
         if isinstance(step, Rows):
             return self._rows(db, name, step, batch, touched)
         if self._gone(db, name, int(step.env["scn"])):
+            return 0
+        if isinstance(step, Replace):
+            found = self.table(db, name)  # none yet: nothing to replace
+            if found is not None and (step.env["scn"], step.seq) > found.appended.order:
+                found.record_replace(self.ice, step, batch, self.clock())
+                touched.add(key)
             return 0
         if step.alter.get("renames") and force:
             self._rename_pairs(step, batch, touched)

@@ -12,7 +12,10 @@ update that moved its key removes the old key just before it.
 Tables without a key are multisets: the tail gives each distinct row a count delta (+1 per
 insert and per update's after image, -1 per delete and per update's before image), and the
 table then holds `count + delta` copies of that row. The MERGE deletes every copy of a
-touched row and inserts the new number of copies, in one commit.
+touched row and inserts the new number of copies, in one commit. A snapshot of a keyless table
+starts with a `replace` row: from the last one in the tail on, the table is what follows it
+(the snapshot's rows and the changes after them), and the current table and every change before
+it are discarded (the MERGE deletes every row it holds).
 
 `merge_sql` is what the loader runs; `live_sql` is the same fold as a query (the `__live`
 view, `binlake lake show`, `verify`, and time travel through `binlake lake as-of`).
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 from services.loader.frames import OP, PREV, ROW, SEQ
 from services.loader.naming import quote
+from shared.envelope import REPLACE
 
 SCN = "_binlake_scn"
 DELETED = "_binlake_del"
@@ -45,7 +49,8 @@ class Fold:
 
 def _tail(f: Fold) -> str:
     scn, seq = f.after
-    cond = [f"{OP} IN ('i', 'u', 'd', 'r')", f"({SCN} > {scn} OR ({SCN} = {scn} AND {SEQ} > {seq}))"]
+    ops = "'i', 'u', 'd', 'r'" if f.key else f"'i', 'u', 'd', 'r', '{REPLACE}'"
+    cond = [f"{OP} IN ({ops})", f"({SCN} > {scn} OR ({SCN} = {scn} AND {SEQ} > {seq}))"]
     if f.upto is not None:
         uscn, useq = f.upto
         cond.append(f"({SCN} < {uscn} OR ({SCN} = {uscn} AND {SEQ} <= {useq}))")
@@ -106,6 +111,18 @@ def _keyed_live(f: Fold) -> str:
 # -- tables without a key -------------------------------------------------------------------------
 
 
+def _replaced(f: Fold) -> str:
+    """CTEs `tail_all` (with `replace` rows), `cut` (the last replace, or NULL), `tail` (the changes
+    after it) and `base` (the current table, empty when the tail replaces it)."""
+    after = "(cut.at IS NULL OR t._binlake_scn > cut.at.s OR (t._binlake_scn = cut.at.s AND t._binlake_seq > cut.at.q))"
+    return (
+        f"tail_all AS ({_tail(f)}), "
+        f"cut AS (SELECT max(named_struct('s', {SCN}, 'q', {SEQ})) AS at FROM tail_all WHERE {OP} = '{REPLACE}'), "
+        f"tail AS (SELECT t.* FROM tail_all t CROSS JOIN cut WHERE t.{OP} <> '{REPLACE}' AND {after}), "
+        f"base AS (SELECT {_cols(f, 'c.')} FROM {f.current} c CROSS JOIN cut WHERE cut.at IS NULL)"
+    )
+
+
 def _deltas(f: Fold) -> str:
     cols = _cols(f)
     before = ", ".join(f"{quote(PREV + c)} AS {quote(c)}" for c in f.columns)
@@ -121,7 +138,7 @@ def _deltas(f: Fold) -> str:
 def _wanted(f: Fold) -> str:
     """Touched rows with the number of copies the table must hold of each."""
     cols = list(f.columns)
-    have = (f"SELECT {_cols(f, 'c.')}, count(*) AS _binlake_n FROM {f.current} c LEFT SEMI JOIN deltas d "
+    have = (f"SELECT {_cols(f, 'c.')}, count(*) AS _binlake_n FROM base c LEFT SEMI JOIN deltas d "
             f"ON {_null_safe(f, 'c', 'd', cols)} GROUP BY {_cols(f, 'c.')}")
     return (
         f"SELECT {_cols(f, 'd.')}, coalesce(h._binlake_n, 0) + d._binlake_delta AS _binlake_n "
@@ -136,9 +153,12 @@ def _copies(relation: str, f: Fold) -> str:
 
 def _keyless_merge(f: Fold) -> str:
     cols = list(f.columns)
+    # Rows to delete every copy of: the touched ones, and after a replace every row the table holds.
+    gone = (f"SELECT DISTINCT {_cols(f)} FROM (SELECT {_cols(f)} FROM wanted "
+            f"UNION ALL SELECT {_cols(f, 'c.')} FROM {f.current} c CROSS JOIN cut WHERE cut.at IS NOT NULL)")
     source = (
-        f"WITH tail AS ({_tail(f)}), deltas AS ({_deltas(f)}), wanted AS ({_wanted(f)}) "
-        f"SELECT {_cols(f)}, 'del' AS {KIND} FROM wanted "
+        f"WITH {_replaced(f)}, deltas AS ({_deltas(f)}), wanted AS ({_wanted(f)}) "
+        f"SELECT *, 'del' AS {KIND} FROM ({gone}) "
         f"UNION ALL SELECT *, 'ins' AS {KIND} FROM ({_copies('wanted', f)})"
     )
     return (
@@ -151,8 +171,8 @@ def _keyless_merge(f: Fold) -> str:
 def _keyless_live(f: Fold) -> str:
     cols = list(f.columns)
     return (
-        f"WITH tail AS ({_tail(f)}), deltas AS ({_deltas(f)}), wanted AS ({_wanted(f)}) "
-        f"SELECT {_cols(f, 'c.')} FROM {f.current} c LEFT ANTI JOIN deltas d ON {_null_safe(f, 'c', 'd', cols)} "
+        f"WITH {_replaced(f)}, deltas AS ({_deltas(f)}), wanted AS ({_wanted(f)}) "
+        f"SELECT {_cols(f, 'c.')} FROM base c LEFT ANTI JOIN deltas d ON {_null_safe(f, 'c', 'd', cols)} "
         f"UNION ALL {_copies('wanted', f)}"
     )
 

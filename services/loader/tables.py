@@ -15,11 +15,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType, _parse_datatype_string
 
 from services.loader import frames
-from services.loader.frames import BOOKKEEPING, PREV, Ddl
+from services.loader.frames import BOOKKEEPING, PREV, Ddl, Replace
 from services.loader.iceberg import Iceberg, Marker, json_prop
 from services.loader.merges import Fold, tail_count_sql
 from services.loader.naming import BOOK_NAMESPACE, CHANGELOG_SUFFIX, TableNames, hashed, quote, source_of
 from services.loader.types import arrow_of_spark, spark_type
+from shared.envelope import REPLACE
 from shared.errors import FatalError
 
 if TYPE_CHECKING:
@@ -250,14 +251,21 @@ class LakeTable:
 
     def record_ddl(self, ice: Iceberg, step: Ddl, batch: int) -> None:
         """Append the DDL statement to the changelog (its place among the rows, and the marker)."""
-        env = step.env
+        self._record(ice, "ddl", step.seq, step.env, batch, step.sql, 0, 0.0)
+
+    def record_replace(self, ice: Iceberg, step: Replace, batch: int, now: float) -> None:
+        """Append a keyless snapshot's start to the changelog: a tail row the fold starts over at."""
+        self._record(ice, REPLACE, step.seq, step.env, batch, None, 1, now)
+
+    def _record(self, ice: Iceberg, op: str, seq: int, env: Mapping[str, Any], batch: int, text: str | None,
+                rows: int, now: float) -> None:
         pos = env.get("pos") or {}
-        row = {"_binlake_op": "ddl", "_binlake_seq": step.seq, "_binlake_row": 0, "_binlake_scn": int(env["scn"]),
+        row = {"_binlake_op": op, "_binlake_seq": seq, "_binlake_row": 0, "_binlake_scn": int(env["scn"]),
                "_binlake_ts": int(env.get("ts") or 0), "_binlake_pos": f"{pos.get('file')}:{pos.get('offset')}",
-               "_binlake_gtid": pos.get("gtid"), "_binlake_ddl": step.sql}
+               "_binlake_gtid": pos.get("gtid"), "_binlake_ddl": text}
         arrow = pa.Table.from_pylist([row], schema=BOOKKEEPING)
-        marker = Marker(int(env["scn"]), step.seq, max(batch, self.appended.batch))
-        self.append(ice, arrow_to_spark(ice.spark, arrow, self.changelog_columns), marker, 0, 0.0)
+        marker = Marker(int(env["scn"]), seq, max(batch, self.appended.batch))
+        self.append(ice, arrow_to_spark(ice.spark, arrow, self.changelog_columns), marker, rows, now)
 
 
 # -- Arrow -> Spark ---------------------------------------------------------------------------------

@@ -229,9 +229,17 @@ class Assembler:
         return self._drain_before_last()
 
     def snapshot(self, table: TableSchema, changes: list[dict[str, Any]], file: str, start: int,
-                 ts: int, chunk: int = 0) -> list[Outgoing]:
+                 ts: int, chunk: int = 0, *, replace: bool = False) -> list[Outgoing]:
         """Snapshot rows (`op = "r"`, each `{"after": row}`) at the position of the high watermark
-        that releases them."""
+        that releases them; with `replace`, after a `replace` (no rows) at the same position."""
+        if replace:
+            if self._txn is None:
+                raise DecodeError(f"snapshot of {table.db}.{table.table} at {file}:{start} outside a transaction")
+            self._push(self._env(envelope.REPLACE, table.db, table.table, file, start, self.scn(file, start), ts,
+                                 chunk), None, None)
+            chunk += 1
+            if not changes:
+                return self._drain_before_last()
         return self.rows("r", table, changes, file, start, ts, chunk)
 
     def commit(self, file: str, end: int) -> list[Outgoing]:

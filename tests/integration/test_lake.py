@@ -98,6 +98,51 @@ def test_keyless_table_keeps_duplicates_exact(lake_factory):
     assert current(lake, "d", "k") == Counter({(1, "a"): 1, (1, "b"): 1, (2, None): 1})
 
 
+def test_a_keyless_snapshot_replaces_the_rows_before_it(lake_factory):
+    """Rows the binlog brought, then a snapshot of the same table (`replace`, then its `r` rows,
+    across two batches with a merge between them), then changes: every row counted once."""
+    lake = lake_factory(MergePolicy(rows=1, age_s=10**9))  # a merge after every batch
+    f = Feed(table="k")
+    cols = [N, V]
+    a, b = {"n": 1, "v": "a"}, {"n": 2, "v": None}
+    b1 = [f.env("i", [{"after": a}, {"after": a}, {"after": b}], cols, [])]
+    lake.apply(b1[-1][0], b1)
+    b2 = [f.replace(), f.env("r", [{"after": a}, {"after": a}], cols, [])]
+    lake.apply(b2[-1][0], b2)
+    assert current(lake, "d", "k") == Counter({(1, "a"): 2})  # the snapshot so far
+    b3 = [f.env("r", [{"after": b}], cols, []), f.env("d", [{"before": a}], cols, []),
+          f.env("i", [{"after": b}], cols, [])]
+    lake.apply(b3[-1][0], b3)
+    want = Counter({(1, "a"): 1, (2, None): 2})
+    assert current(lake, "d", "k") == want and live(lake, "d", "k") == want
+    # A redelivery appends nothing again; a second snapshot of the same rows leaves them once.
+    lake.apply(b3[-1][0], b1 + b2 + b3)
+    assert current(lake, "d", "k") == want
+    b4 = [f.replace(), f.env("r", [{"after": a}, {"after": b}, {"after": b}], cols, [])]
+    lake.apply(b4[-1][0], b4)
+    assert current(lake, "d", "k") == want and live(lake, "d", "k") == want
+    # The source emptied the table: its snapshot is a `replace` alone.
+    b5 = [f.replace()]
+    lake.apply(b5[-1][0], b5)
+    assert current(lake, "d", "k") == Counter() and live(lake, "d", "k") == Counter()
+
+
+def test_live_folds_a_replace_not_merged_yet(lake_factory):
+    lake = lake_factory()  # never merges by itself
+    f = Feed(table="k")
+    cols = [N, V]
+    b = [f.env("i", [{"after": {"n": 1, "v": "x"}}], cols, [])]
+    lake.apply(b[-1][0], b)
+    lake.merge_all()
+    b = [f.env("i", [{"after": {"n": 3, "v": "y"}}], cols, []), f.replace(),
+         f.env("r", [{"after": {"n": 1, "v": "x"}}], cols, []), f.env("i", [{"after": {"n": 4, "v": "z"}}], cols, [])]
+    lake.apply(b[-1][0], b)
+    want = Counter({(1, "x"): 1, (4, "z"): 1})
+    assert live(lake, "d", "k") == want
+    lake.merge_all()
+    assert current(lake, "d", "k") == want
+
+
 def test_add_column_default_rename_modify_and_truncate(lake_factory):
     lake = lake_factory()
     f = Feed()

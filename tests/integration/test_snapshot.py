@@ -25,7 +25,13 @@ from pyspark.sql import SparkSession
 from services.launcher.processes import ROOT, ServiceProcess
 from shared import keys
 from tests.integration.conftest import ParserFactory
-from tests.integration.lake_stack import ServiceFactory, Stack, assert_verify_equal, services_answer
+from tests.integration.lake_stack import (
+    ServiceFactory,
+    Stack,
+    assert_cells_equal,
+    assert_verify_equal,
+    services_answer,
+)
 from tests.integration.support import (
     StoredMsg,
     assert_table_order,
@@ -365,6 +371,42 @@ def writes(mariadb: MariaDB, stop: threading.Event, errors: list[BaseException],
     return thread
 
 
+@pytest.mark.timeout(900)
+def test_a_keyless_table_snapshotted_after_its_rows_were_captured_holds_each_row_once(
+        spark: SparkSession, lake_stack: SnapshotStack) -> None:
+    """Rows the binlog brought (duplicates among them), then `binlake snapshot` of the table while it
+    is written, then a second snapshot: the lake equals the source as a multiset, no row twice."""
+    stack, db = lake_stack, lake_stack.db
+    t = f"`{db}`.dups"
+    stack.mariadb.execute(f"CREATE TABLE {t} (a INT, b VARCHAR(10))",
+                          f"INSERT INTO {t} VALUES " + ", ".join(f"({i % 40}, 'v{i % 3}')" for i in range(300)))
+    stack.start_loader()
+    stack.wait_loaded(max(m.seq for m in stack.wait_cdc(300)))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    writer = writes(stack.mariadb, stop, errors, f"INSERT INTO {t} VALUES ({{n}} % 40, 'w')",
+                    f"DELETE FROM {t} WHERE a = {{n}} % 40 LIMIT 1",
+                    f"UPDATE {t} SET b = 'u' WHERE a = ({{n}} * 7) % 40 LIMIT 1", pause=0.05)
+    for _ in range(2):
+        done = snapshot_cli(stack.nats_url, f"{db}.dups", timeout=300)
+        assert done.returncode == 0, done.stderr
+    stop.set()
+    writer.join(10)
+    assert not errors, errors
+    assert progress(stack.nats_url, db, "dups")["key_kind"] == "none"  # type: ignore[index]
+    stack.mariadb.execute(f"INSERT INTO {t} VALUES (-1, 'end')")
+
+    def ended() -> bool:
+        return any(m.env.get("table") == "dups" and m.env["op"] == "i" and m.env["rows"][0]["after"]["a"] == -1
+                   for m in stack.cdc())
+
+    wait_until(ended, 120, "the last insert in BINLAKE_CDC", interval=1)
+    stack.wait_loaded(max(m.seq for m in stack.cdc()))
+    stack.wait_merged(["dups"])
+    assert_cells_equal(stack, "dups")
+
+
+@pytest.mark.timeout(900)
 def test_tables_without_key_empty_composite_and_unique_key(mariadb: MariaDB, database: str,
                                                           parser_factory: ParserFactory, nats_url: str) -> None:
     db = database

@@ -8,7 +8,8 @@ binlog thread releases the one before. The binlog thread
 sees L, then every change in between, then H, in binlog order. At H it drops the chunk rows
 whose key changed between L and H (the binlog already carries their newer state) and emits
 the rest as `op = "r"` at H's position, inside the parser's own ordered, de-duplicated
-chain. The result equals the source at H whatever was written meanwhile.
+chain (a keyless table's, after a `replace`). The result equals the source at H whatever was
+written meanwhile.
 
 Pure apart from a lock: the binlog thread and the event loop both call in.
 """
@@ -76,7 +77,8 @@ def surviving(chunk: Chunk, changed: Sequence[dict[str, Any]]) -> list[dict[str,
     return [row for row in chunk.rows if row_key(row["after"], chunk.key) not in touched]
 
 
-Emit = Callable[[TableSchema, list[dict[str, Any]]], int | None]
+# (schema, rows, replace): `replace` starts a keyless table's snapshot (it emits even without rows).
+Emit = Callable[[TableSchema, list[dict[str, Any]], bool], int | None]
 
 
 class Windows:
@@ -197,6 +199,8 @@ class Windows:
             # Without a key, identical rows cannot be told apart: whether the copy SELECT saw is
             # the one that changed is unknown, so a chunk touched by a change is read again.
             return Outcome(retry="rows read were changed between the watermarks and the table has no key")
-        if not rows:
+        if w.chunk.key and not rows:
             return Outcome()
-        return Outcome(emitted=len(rows), scn=emit(w.chunk.schema, rows))
+        # A keyless table is one chunk, its rows led by a `replace`: the lake's rows of the table
+        # before it (from the binlog, or an earlier snapshot) are replaced, never counted twice.
+        return Outcome(emitted=len(rows), scn=emit(w.chunk.schema, rows, not w.chunk.key))

@@ -61,7 +61,8 @@ def test_only_the_before_images_the_fold_needs_are_read(key):
 @SQL
 def test_the_tail_starts_after_the_marker(make, key):
     sql = make(fold(key))
-    assert f"WHERE _binlake_op IN ('i', 'u', 'd', 'r') AND {AFTER_5_7}" in sql
+    ops = "'i', 'u', 'd', 'r'" if key else "'i', 'u', 'd', 'r', 'replace'"  # a snapshot's start: keyless only
+    assert f"WHERE _binlake_op IN ({ops}) AND {AFTER_5_7}" in sql
     assert "_binlake_scn <" not in sql and "_binlake_seq <" not in sql  # no upper bound
 
 
@@ -73,9 +74,9 @@ def test_the_tail_ends_at_upto(make, key):
 
 
 def test_merge_and_live_fold_the_same_tail():
-    for key in (KEY, []):
-        tail = re.search(r"WITH tail AS \((SELECT .*?)\)(?:, | SELECT)", merge_sql(fold(key)))
-        assert tail is not None and f"tail AS ({tail.group(1)})" in live_sql(fold(key))
+    for key, name in ((KEY, "tail"), ([], "tail_all")):
+        tail = re.search(rf"WITH {name} AS \((SELECT .*?)\)(?:, | SELECT)", merge_sql(fold(key)))
+        assert tail is not None and f"{name} AS ({tail.group(1)})" in live_sql(fold(key))
 
 
 def test_a_time_travel_relation_is_used_as_given():
@@ -144,7 +145,7 @@ def test_keyless_fold_counts_whole_rows():
     assert f"SELECT {before}, -1 FROM tail WHERE _binlake_op = 'u'" in sql
     assert f"SELECT {ALL}, -1 FROM tail WHERE _binlake_op = 'd'" in sql
     c_all = ", ".join(f"c.{quote(c)}" for c in COLUMNS)
-    assert (f"count(*) AS _binlake_n FROM {NAMES.current} c LEFT SEMI JOIN deltas d ON {null_safe('c', 'd')} "
+    assert (f"count(*) AS _binlake_n FROM base c LEFT SEMI JOIN deltas d ON {null_safe('c', 'd')} "
             f"GROUP BY {c_all})") in sql
     assert f"h ON {null_safe('d', 'h')})" in sql
     assert "row_number()" not in sql and "PARTITION BY" not in sql
@@ -163,5 +164,19 @@ def test_keyless_merge_replaces_every_copy_of_a_touched_row_null_safe():
 def test_keyless_live_replaces_touched_rows_by_their_copies():
     sql = live_sql(fold([]))
     c_all = ", ".join(f"c.{quote(c)}" for c in COLUMNS)
-    assert (f"SELECT {c_all} FROM {NAMES.current} c LEFT ANTI JOIN deltas d ON {null_safe('c', 'd')} "
+    assert (f"SELECT {c_all} FROM base c LEFT ANTI JOIN deltas d ON {null_safe('c', 'd')} "
             f"UNION ALL SELECT {ALL} FROM wanted LATERAL VIEW explode(") in sql
+
+
+def test_a_keyless_fold_starts_over_at_the_last_replace():
+    """The tail after the last `replace` alone; the current table counts only without one, and the
+    merge deletes every row it holds after one."""
+    for sql in (merge_sql(fold([])), live_sql(fold([]))):
+        assert ("cut AS (SELECT max(named_struct('s', _binlake_scn, 'q', _binlake_seq)) AS at FROM tail_all "
+                "WHERE _binlake_op = 'replace')") in sql
+        assert ("tail AS (SELECT t.* FROM tail_all t CROSS JOIN cut WHERE t._binlake_op <> 'replace' "
+                "AND (cut.at IS NULL") in sql
+        assert f"base AS (SELECT {', '.join(f'c.{quote(c)}' for c in COLUMNS)} FROM {NAMES.current} c CROSS JOIN cut " \
+               "WHERE cut.at IS NULL)" in sql
+    assert f"FROM {NAMES.current} c CROSS JOIN cut WHERE cut.at IS NOT NULL" in merge_sql(fold([]))
+    assert "replace" not in merge_sql(fold(KEY)) + live_sql(fold(KEY))

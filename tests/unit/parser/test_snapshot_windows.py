@@ -57,9 +57,11 @@ class Harness:
         self.w = Windows(SRC, WATERMARKS)
         self.outcomes: dict[str, list[Outcome]] = {}
         self.emitted: list[tuple[TableSchema, list[dict[str, Any]]]] = []
+        self.replaces: list[bool] = []
 
-    def emit(self, schema: TableSchema, rows: list[dict[str, Any]]) -> int | None:
+    def emit(self, schema: TableSchema, rows: list[dict[str, Any]], replace: bool) -> int | None:
         self.emitted.append((schema, rows))
+        self.replaces.append(replace)
         return SCN
 
     def open(self, wid: str = "w1", db: str = "shop", table: str = "orders") -> None:
@@ -393,6 +395,18 @@ def test_keyless_chunk_without_changes_is_emitted_whole(h: Harness) -> None:
     c = Chunk(T, (), [ins({"id": 1, "tags": ["a", "b"]}), ins({"id": 1, "tags": ["a"]})])
     out = h.run(c, [])
     assert out == Outcome(emitted=2, scn=SCN)
+    assert h.replaces == [True]  # after a `replace`: the lake's rows of the table before it go
+
+
+def test_an_empty_keyless_table_still_replaces(h: Harness) -> None:
+    """A keyless table the source emptied: the snapshot's `replace` alone empties the lake's."""
+    assert h.run(Chunk(T, (), []), []) == Outcome(emitted=0, scn=SCN)
+    assert h.emitted == [(T, [])] and h.replaces == [True]
+
+
+def test_a_keyed_chunk_never_replaces(h: Harness) -> None:
+    h.run(chunk(1, 2), [])
+    assert h.replaces == [False]
 
 
 def test_keyless_chunk_with_changes_to_rows_it_did_not_read_is_emitted_whole(h: Harness) -> None:
@@ -419,9 +433,9 @@ def test_emit_may_return_no_scn() -> None:
     w = Windows(SRC, WATERMARKS)
     got: list[Outcome] = []
     w.open("w1", "shop", "orders", got.append)
-    w.on_watermark([mark("w1", LOW)], lambda s, r: None)
+    w.on_watermark([mark("w1", LOW)], lambda s, r, x: None)
     w.fill("w1", chunk(1))
-    w.on_watermark([mark("w1", HIGH)], lambda s, r: None)
+    w.on_watermark([mark("w1", HIGH)], lambda s, r, x: None)
     assert got == [Outcome(emitted=1, scn=None)]
 
 
