@@ -399,13 +399,14 @@ class Lake:
         if not table.tail_rows:
             return
         marker = Marker(*table.appended.order, table.appended.batch)
-        fold = Fold(table.names.current, table.names.changelog, table.columns, table.key, table.merged.order)
+        fold = Fold(table.names.current, table.names.changelog, table.columns, table.key, table.merged.order,
+                    replacing=table.replacing)
         started = self.clock()
         self.log.info("lake.merge_started", table=f"{table.names.db}.{table.names.table}", rows=table.tail_rows)
         self.ice.run_marked(marker, merge_sql(fold))
         self.log.info("lake.merged", table=f"{table.names.db}.{table.names.table}", rows=table.tail_rows,
                       seconds=round(self.clock() - started, 2))
-        table.merged, table.tail_rows, table.tail_since = marker, 0, None
+        table.merged, table.tail_rows, table.tail_since, table.replacing = marker, 0, None, False
         self.publish_view(table)
 
     def publish_view(self, table: LakeTable) -> None:

@@ -45,6 +45,7 @@ class Fold:
     key: Sequence[str]  # primary key columns; () = no key
     after: tuple[int, int]  # the current table's marker: tail rows come after this (scn, seq)
     upto: tuple[int, int] | None = None  # and at or before this one (None: the whole tail)
+    replacing: bool = True  # the tail may hold a keyless snapshot's `replace` (False: one scan less)
 
 
 def _tail(f: Fold) -> str:
@@ -114,6 +115,8 @@ def _keyed_live(f: Fold) -> str:
 def _replaced(f: Fold) -> str:
     """CTEs `tail_all` (with `replace` rows), `cut` (the last replace, or NULL), `tail` (the changes
     after it) and `base` (the current table, empty when the tail replaces it)."""
+    if not f.replacing:
+        return f"tail AS ({_tail(f)}), base AS (SELECT {_cols(f, 'c.')} FROM {f.current} c)"
     after = "(cut.at IS NULL OR t._binlake_scn > cut.at.s OR (t._binlake_scn = cut.at.s AND t._binlake_seq > cut.at.q))"
     return (
         f"tail_all AS ({_tail(f)}), "
@@ -155,7 +158,8 @@ def _keyless_merge(f: Fold) -> str:
     cols = list(f.columns)
     # Rows to delete every copy of: the touched ones, and after a replace every row the table holds.
     gone = (f"SELECT DISTINCT {_cols(f)} FROM (SELECT {_cols(f)} FROM wanted "
-            f"UNION ALL SELECT {_cols(f, 'c.')} FROM {f.current} c CROSS JOIN cut WHERE cut.at IS NOT NULL)")
+            f"UNION ALL SELECT {_cols(f, 'c.')} FROM {f.current} c CROSS JOIN cut WHERE cut.at IS NOT NULL)"
+            if f.replacing else f"SELECT {_cols(f)} FROM wanted")
     source = (
         f"WITH {_replaced(f)}, deltas AS ({_deltas(f)}), wanted AS ({_wanted(f)}) "
         f"SELECT *, 'del' AS {KIND} FROM ({gone}) "

@@ -92,6 +92,7 @@ class LakeTable:
     tail_since: float | None = None
     dropped: bool = False  # the source dropped the table; a CREATE ... IF NOT EXISTS creates it again
     source_columns: dict[str, dict[str, Any]] = field(default_factory=dict)  # SOURCE_COLUMNS_PROP
+    replacing: bool = False  # the tail may hold a keyless snapshot's `replace` (merges.Fold.replacing)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -121,6 +122,7 @@ class LakeTable:
         fold = Fold(names.current, names.changelog, table.columns, table.key, table.merged.order)
         table.tail_rows = int(ice.sql(tail_count_sql(fold)).collect()[0][0])
         table.tail_since = 0.0 if table.tail_rows else None  # merge soon after a restart
+        table.replacing = not table.key and table.tail_rows > 0  # not known without a look: assume it
         return table
 
     @classmethod
@@ -256,6 +258,7 @@ class LakeTable:
     def record_replace(self, ice: Iceberg, step: Replace, batch: int, now: float) -> None:
         """Append a keyless snapshot's start to the changelog: a tail row the fold starts over at."""
         self._record(ice, REPLACE, step.seq, step.env, batch, None, 1, now)
+        self.replacing = True
 
     def _record(self, ice: Iceberg, op: str, seq: int, env: Mapping[str, Any], batch: int, text: str | None,
                 rows: int, now: float) -> None:

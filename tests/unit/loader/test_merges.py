@@ -180,3 +180,11 @@ def test_a_keyless_fold_starts_over_at_the_last_replace():
                "WHERE cut.at IS NULL)" in sql
     assert f"FROM {NAMES.current} c CROSS JOIN cut WHERE cut.at IS NOT NULL" in merge_sql(fold([]))
     assert "replace" not in merge_sql(fold(KEY)) + live_sql(fold(KEY))
+
+
+def test_a_tail_known_to_hold_no_replace_folds_without_looking_for_one():
+    f = Fold(NAMES.current, NAMES.changelog, COLUMNS, [], (5, 7), replacing=False)
+    for sql in (merge_sql(f), live_sql(f)):
+        assert "cut" not in sql and "CROSS JOIN" not in sql
+        assert f"base AS (SELECT {', '.join(f'c.{quote(c)}' for c in COLUMNS)} FROM {NAMES.current} c)" in sql
+    assert merge_sql(f).count(NAMES.current) == 2  # the MERGE's target and the counts of touched rows
