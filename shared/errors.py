@@ -108,6 +108,11 @@ class StreamRedefined(FatalError):
     ends before the cursor: reading on would skip or misread messages, so the reader halts."""
 
 
+class HeldTableRenamed(FatalError):
+    """A RENAME TABLE names a table the loader set aside: applying it would leave that table's kept
+    changes under the old name, so the loader halts before it."""
+
+
 class LeaseLost(FatalError):
     """Another instance owns the lease now."""
 

@@ -60,6 +60,7 @@ from services.loader.naming import (
 )
 from services.loader.resnapshots import Request, Resnapshots, request_id
 from services.loader.tables import LakeTable, ReservedColumn, arrow_to_spark, lake_source
+from shared.errors import HeldTableRenamed
 
 T = TypeVar("T")
 # Spark's words for a job that a term's end (cancelAllJobs) or a stopping session cut short.
@@ -96,6 +97,7 @@ class Lake:
         self._renamed: dict[tuple[str, str], int] = {}  # (db, table) -> scn of its last RENAME away
         self.cuts = Cuts(self.spark, self.ice, self.catalog)
         self._cut_now = False  # a RENAME moved a table the newest cut names: publish one at the end of the unit
+        self._replaying: tuple[str, str] | None = None  # the held table `_retry` applies the kept changes of
         self.log = structlog.get_logger().bind(actor="lake")
 
     @property
@@ -206,6 +208,10 @@ class Lake:
     def apply(self, batch: int, events: Sequence[tuple[int, dict[str, Any]]] | frames.Prepared) -> int:
         """Write a unit ending at CDC sequence `batch`; returns the row changes written."""
         prepared = events if isinstance(events, frames.Prepared) else frames.prepare(events)
+        for changes in prepared.tables.values():
+            for step in changes.steps:
+                if isinstance(step, Ddl) and step.alter.get("renames"):
+                    self._check_rename(step)
         queues = {k: list(v.steps) for k, v in prepared.tables.items()}
         written, touched = 0, set[tuple[str, str]]()
         while True:
@@ -274,6 +280,7 @@ class Lake:
         events = self.holds.events(key)
         changes = frames.prepare(events).tables.get(key)
         batch = self.committed
+        self._replaying = key  # its own kept RENAME (the other half came later) may go through
 
         def replay() -> int:
             for step in changes.steps if changes is not None else []:
@@ -283,7 +290,11 @@ class Lake:
                 self.flush(table, batch)
             return 0
 
-        if self._guarded(key, batch, replay) is None:
+        try:
+            replayed = self._guarded(key, batch, replay)
+        finally:
+            self._replaying = None
+        if replayed is None:
             self.log.warning("lake.table_still_held", table=f"{key[0]}.{key[1]}",
                              reason=self.holds.tables[key].reason)
             return False
@@ -366,7 +377,18 @@ class Lake:
             progressed = True
         return progressed
 
+    def _check_rename(self, step: Ddl) -> None:
+        """HeldTableRenamed when the RENAME names a table set aside (also one set aside in this unit)."""
+        named = {(str(r[i]), str(r[i + 1])) for r in step.alter["renames"] for i in (0, 2)}
+        for db, table in sorted(named & set(self.holds.tables) - {self._replaying}):
+            raise HeldTableRenamed(
+                f"{step.sql[:200]!r} renames {db}.{table}, which the loader set aside "
+                f"({self.holds.tables[(db, table)].reason}); its kept changes would stay behind under the old "
+                "name, so the loader stops before the rename. Fix that cause (binlake status shows it) and "
+                "restart the loader: the table loads again, then the rename")
+
     def _rename_pairs(self, step: Ddl, batch: int, touched: set[tuple[str, str]]) -> None:
+        self._check_rename(step)
         for old_db, old, new_db, new in step.alter["renames"]:
             source = self.table(old_db, old)
             target = self.table(new_db, new)

@@ -115,8 +115,11 @@ class LakeTable:
                     changelog_columns, ice.marker(names.changelog) or Marker(), ice.marker(names.current) or Marker(),
                     dropped=props.get(DROPPED_PROP) == "true",
                     source_columns=dict(json.loads(props.get(SOURCE_COLUMNS_PROP, "{}"))))
+        lower = {c.lower() for c in changelog_columns}
         for name, kind in table.columns.items():  # a kill between two schema changes of one DDL
-            if name not in changelog_columns and not name.startswith(frames.BOOK_PREFIX):
+            # Another case of the name there: a case-only rename (or an ADD after a DROP) killed
+            # between the tables; its redelivered DDL finishes it with the history kept.
+            if name.lower() not in lower and not name.startswith(frames.BOOK_PREFIX):
                 table._changelog_column(ice, name, kind)
         table.ensure_prev(ice)
         fold = Fold(names.current, names.changelog, table.columns, table.key, table.merged.order)

@@ -26,6 +26,7 @@ from services.loader.naming import MAX_NAME, source_column
 from services.loader.spark import CatalogConfig, register
 from services.ops import status
 from shared import jetstream
+from shared.errors import HeldTableRenamed
 from shared.health import Conditions
 from shared.metrics import Registry, serve
 from shared.store_client import StoreClient
@@ -267,6 +268,10 @@ def test_a_loader_killed_inside_a_case_only_rename_ends_equal_on_redelivery(lake
         assert t is not None and again.spark.table(t.names.current).columns == ["id", "Name"]
         want = Counter({(1, "U1!"): 1, (2, "U2!"): 1, (3, "U3"): 1, (4, "U4"): 1})
         assert current(again, "d", f"t{kill_at}") == want, kill_at
+        # The history keeps its values under the new name (readers of the changelog, as-of).
+        history = again.spark.table(t.names.changelog).where("_binlake_op <> 'ddl'")
+        assert sorted((r["id"], r["Name"]) for r in history.collect()) == \
+            [(1, "U1"), (1, "U1!"), (2, "U2"), (2, "U2!"), (3, "U3"), (4, "U4")], kill_at
 
 
 def test_a_column_added_again_in_another_case_loads(lake_factory):
@@ -285,3 +290,28 @@ def test_a_column_added_again_in_another_case_loads(lake_factory):
     lake.apply(b[-1][0], b)
     assert not lake.holds.tables, lake.holds.tables
     assert current(lake, "d", "t") == Counter({(1, None): 1, (2, 7): 1})
+
+
+def test_a_rename_of_a_held_table_halts_the_loader_until_the_table_loads_again(lake_factory):
+    """Its kept changes would stay behind under the old name: the loader stops before the rename
+    (HeldTableRenamed), keeps everything, and applies the rename once the table loads again."""
+    lake = lake_factory()
+    f = Feed()
+    u = load_t_and_u_then_refuse_u(lake, f, range(1, 4))
+    b2 = [inserts(f, "u", range(4, 6), "u")]
+    lake.apply(b2[-1][0], b2)
+    assert set(lake.holds.tables) == {("d", "u")}
+    alter = {"kind": "rename", "ops": [], "renames": [["d", "u", "d", "w"]]}
+    old_half = f.ddl("RENAME TABLE u TO w", alter, table="u")
+    f.seq += 1  # the other half's CDC sequence
+    b3 = [old_half, (old_half[0] + 1, {**old_half[1], "table": "w"}), inserts(f, "w", range(6, 7), "w")]
+    with pytest.raises(HeldTableRenamed, match=r"renames d\.u, which the loader set aside"):
+        lake.apply(b3[-1][0], b3)
+    assert len(lake.holds.events(("d", "u"))) == 1  # nothing of the unit was kept, nothing lost
+    lake.spark.sql(f"ALTER TABLE {u.names.changelog} SET TBLPROPERTIES ('write.format.default'='parquet')")
+    again = lake_factory(lake.catalog)  # the restart: u loads again, then the redelivered unit renames it
+    assert not again.holds.tables
+    again.apply(b3[-1][0], b3)
+    again.merge_all()
+    assert again.table("d", "u") is None
+    assert current(again, "d", "w") == Counter({(i, f"u{i}" if i < 6 else f"w{i}"): 1 for i in range(1, 7)})
