@@ -22,7 +22,8 @@ import pyarrow as pa
 from pyiceberg.table import StaticTable
 
 from services.launcher.processes import ServiceProcess
-from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, HELD_TABLE, TableNames
+from services.loader.naming import BOOK_NAMESPACE, COMMITS_TABLE, HELD_TABLE, RESNAPSHOTS_TABLE, TableNames
+from shared import keys
 from shared.errors import NatsUnavailable
 from shared.jetstream import server_urls
 from shared.meta_client import MetaClient
@@ -49,6 +50,23 @@ async def _services_answer(nats_url: str) -> bool:
             if exc.code != "unknown_client":
                 raise
         return True
+    finally:
+        await nc.close()
+
+
+async def _kv_states(nats_url: str, names: list[str]) -> list[str | None]:
+    """The `state` of each JSON value at `names` in the cursors bucket (None where there is none)."""
+    nc = await nats.connect(server_urls(nats_url))
+    try:
+        kv = await nc.jetstream().key_value("binlake_cursors")
+        out: list[str | None] = []
+        for name in names:
+            try:
+                entry = await kv.get(name)
+                out.append(json.loads(entry.value or b"null").get("state"))
+            except Exception:
+                out.append(None)
+        return out
     finally:
         await nc.close()
 
@@ -155,6 +173,26 @@ class Stack:
         except AssertionError as exc:
             raise AssertionError(f"{exc}; the lake recorded {self.committed()}; "
                                  f"the loader said:\n{self.loader.output[-6000:]}") from None
+
+    def wait_resnapshots(self, timeout: float = 300) -> None:
+        """Until every re-snapshot the lake asked for (a DDL it could not follow exactly) has run and the
+        lake committed everything BINLAKE_CDC holds of this test's database: its rows come after the
+        workload's last change."""
+        def done() -> bool:
+            rows = read_table(Path(self.warehouse) / BOOK_NAMESPACE / RESNAPSHOTS_TABLE)
+            asked = [] if rows is None else rows.to_pylist()
+            if not all(r["filed"] for r in asked):
+                return False
+            names = [keys.snapshot_request("main", r["id"]) for r in asked]
+            names += [keys.snapshot_table("main", r["db"], r["tbl"]) for r in asked]
+            states = asyncio.run(_kv_states(self.nats_url, names))
+            assert "failed" not in states, f"a re-snapshot failed: {list(zip(names, states, strict=True))}"
+            return all(s not in (None, "new") for s in states[:len(asked)]) and \
+                all(s == "done" for s in states[len(asked):])
+
+        wait_until(done, timeout, "every re-snapshot the lake asked for", interval=2)
+        self.wait_loaded(max((m.seq for m in read_stream_sync(self.nats_url, "BINLAKE_CDC")
+                              if m.env.get("db") == self.db), default=0))
 
     def wait_merged(self, tables: list[str], timeout: float = 300) -> None:
         """Until no table has un-merged changes (the current tables alone equal the source)."""

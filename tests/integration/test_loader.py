@@ -287,6 +287,7 @@ def test_random_workload_with_ddl_and_kills_lands_in_the_lake_exactly(stack, sou
     assert workload.state == {"x", "holder", "labels"}
     cdc = stack.wait_cdc(workload.changes)
     stack.wait_loaded(max(m.seq for m in cdc))
+    stack.wait_resnapshots()
     stack.wait_merged(FINAL)
     for proc in stack.loaders[:-1]:
         assert not proc.running

@@ -156,6 +156,7 @@ def test_node_kills_under_load_lose_and_double_nothing(stack: Stack, nats_cluste
     assert not [i for i, n in ids.items() if n > 1], "a change is in BINLAKE_CDC twice"
     assert_table_order(cdc)
     stack.wait_loaded(max(m.seq for m in cdc))
+    stack.wait_resnapshots()
     stack.wait_merged(FINAL)
     for table in FINAL:
         assert_cells_equal(stack, table)

@@ -104,6 +104,7 @@ def test_loader_on_a_standalone_cluster_survives_lost_workers(stack: Stack, clus
     assert killed == ["merge", "batch"], stack.loader.output[-5000:]
     cdc = stack.wait_cdc(workload.changes)
     stack.wait_loaded(max(m.seq for m in cdc))
+    stack.wait_resnapshots()
     stack.wait_merged(FINAL)
     assert sum(p.output.count("Lost executor") for p in stack.loaders) >= 2, "the driver never saw an executor go"
     for table in FINAL:
