@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import nats
+import nats.js.errors
 import pyarrow as pa
 from pyiceberg.table import StaticTable
 
@@ -30,6 +31,7 @@ from shared.meta_client import MetaClient
 from shared.mysql import display, mysql_quote
 from shared.rpc import RpcError
 from shared.store_client import StoreClient
+from shared.subjects import Names
 from tests.integration.support import StoredMsg, read_stream_sync, wait_until
 from tests.servers import MariaDB
 
@@ -54,21 +56,27 @@ async def _services_answer(nats_url: str) -> bool:
         await nc.close()
 
 
-async def _kv_states(nats_url: str, names: list[str]) -> list[str | None]:
-    """The `state` of each JSON value at `names` in the cursors bucket (None where there is none)."""
+async def _cursor_values(nats_url: str, names: Sequence[str]) -> list[dict[str, Any] | None]:
     nc = await nats.connect(server_urls(nats_url))
     try:
-        kv = await nc.jetstream().key_value("binlake_cursors")
-        out: list[str | None] = []
+        kv = await nc.jetstream().key_value(Names().cursors_bucket)
+        out: list[dict[str, Any] | None] = []
         for name in names:
             try:
                 entry = await kv.get(name)
-                out.append(json.loads(entry.value or b"null").get("state"))
-            except Exception:
+            except nats.js.errors.KeyNotFoundError:
                 out.append(None)
+                continue
+            value = json.loads(entry.value or b"null")
+            out.append(value if isinstance(value, dict) else None)
         return out
     finally:
         await nc.close()
+
+
+def cursor_values(nats_url: str, *names: str) -> list[dict[str, Any] | None]:
+    """The JSON values at `names` in the cursors bucket (None where there is none)."""
+    return asyncio.run(_cursor_values(nats_url, names))
 
 
 def services_answer(nats_url: str) -> bool:
@@ -185,7 +193,7 @@ class Stack:
                 return False
             names = [keys.snapshot_request("main", r["id"]) for r in asked]
             names += [keys.snapshot_table("main", r["db"], r["tbl"]) for r in asked]
-            states = asyncio.run(_kv_states(self.nats_url, names))
+            states = [None if v is None else v.get("state") for v in cursor_values(self.nats_url, *names)]
             assert "failed" not in states, f"a re-snapshot failed: {list(zip(names, states, strict=True))}"
             return all(s not in (None, "new") for s in states[:len(asked)]) and \
                 all(s == "done" for s in states[len(asked):])

@@ -30,6 +30,7 @@ from tests.integration.lake_stack import (
     Stack,
     assert_cells_equal,
     assert_verify_equal,
+    cursor_values,
     services_answer,
 )
 from tests.integration.support import (
@@ -213,25 +214,7 @@ class KeyRangeWorkload:
 
 def progress(nats_url: str, db: str, table: str) -> dict[str, Any] | None:
     """The table's snapshot progress as the parser stored it."""
-    import asyncio
-
-    import nats as nats_py
-
-
-    async def read() -> dict[str, Any] | None:
-        nc = await nats_py.connect(nats_url)
-        try:
-            kv = await nc.jetstream().key_value("binlake_cursors")
-            try:
-                entry = await kv.get(keys.snapshot_table("main", db, table))
-                found: dict[str, Any] | None = json.loads(entry.value or b"null")
-                return found
-            except Exception:
-                return None
-        finally:
-            await nc.close()
-
-    return asyncio.run(read())
+    return cursor_values(nats_url, keys.snapshot_table("main", db, table))[0]
 
 
 @dataclass
