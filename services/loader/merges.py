@@ -117,7 +117,7 @@ def _replaced(f: Fold) -> str:
     after it) and `base` (the current table, empty when the tail replaces it)."""
     if not f.replacing:
         return f"tail AS ({_tail(f)}), base AS (SELECT {_cols(f, 'c.')} FROM {f.current} c)"
-    after = "(cut.at IS NULL OR t._binlake_scn > cut.at.s OR (t._binlake_scn = cut.at.s AND t._binlake_seq > cut.at.q))"
+    after = f"(cut.at IS NULL OR t.{SCN} > cut.at.s OR (t.{SCN} = cut.at.s AND t.{SEQ} > cut.at.q))"
     return (
         f"tail_all AS ({_tail(f)}), "
         f"cut AS (SELECT max(named_struct('s', {SCN}, 'q', {SEQ})) AS at FROM tail_all WHERE {OP} = '{REPLACE}'), "
