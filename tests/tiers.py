@@ -15,7 +15,7 @@ from pathlib import PurePath
 TIERS = ("heavy", "system", "component", "unit")  # also the run order after the costly modules
 
 _SYSTEM = {"test_loader", "test_hostile_names", "test_service_users", "test_up", "test_memory", "test_snapshot",
-           "test_sink_rules", "test_stream_identity"}
+           "test_sink_rules", "test_stream_identity", "test_lake_rewind"}
 _HEAVY = {"test_compose_stack", "test_nats_cluster", "test_spark_cluster", "test_failover",
           "test_failover_same_server_id"}
 
@@ -27,7 +27,7 @@ _COST = {"test_compose_stack": 690, "test_loader": 420, "test_parser_operations"
          "test_hostile_names": 100, "test_lake": 90, "test_failover": 85, "test_nats_cluster": 70,
          "test_memory": 60, "test_meta_backends": 60, "test_lake_cuts": 60, "test_sink": 55, "test_verify": 45,
          "test_service_users": 45, "test_ddl_follow": 190, "test_lake_isolation": 200,
-         "test_failover_same_server_id": 60, "test_stream_identity": 45}
+         "test_failover_same_server_id": 60, "test_stream_identity": 45, "test_lake_rewind": 55}
 
 
 def run_order(path: PurePath) -> tuple[int, int]:

@@ -14,8 +14,12 @@ own table first. `merges.live_sql` overlays the un-merged tail for readers who n
 newest state.
 
 Exactly once: every commit carries the table's `Marker` (source order key of its last
-change, and the batch). A redelivered change at or below a table's changelog marker is
-skipped; the current table's marker says where the tail starts.
+change, and the batch). A change delivered again (after a crash, or a `binlake rewind`) at or
+below a table's changelog marker is skipped, one above it is applied: a rewind re-applies what
+each table lacks, and a table dropped from the lake or restored from an older copy is built up
+again. The current table's marker says where the tail starts. While units come below the
+last committed batch (a rewind), the tables stand at different batches: no cut is published
+until a unit reaches it again (`replay_until`).
 
 RENAME TABLE travels on both tables' subjects, which are routed independently, so the two
 halves may reach BINLAKE_CDC in either order: each named table stops at the statement
@@ -87,6 +91,7 @@ class Lake:
     # BINLAKE_CDC identity -> what its sequences add up to lake sequences (the lake's own stay increasing)
     bases: dict[str, int] = field(default_factory=dict)
     resnapshot: list[Request] = field(default_factory=list)  # recorded, not filed with the parser yet
+    replay_until: int = 0  # units come again below this batch (a rewind): no cut until one reaches it
 
     def __post_init__(self) -> None:
         self.ice = Iceberg(self.spark, self.catalog)
@@ -126,6 +131,9 @@ class Lake:
         self.resnapshot = self._requests.open(self.ice)
         row = self.spark.sql(f"SELECT max(seq) FROM {self.commits}").collect()[0][0]
         self.committed = int(row or 0)
+        last = self.spark.sql(f"SELECT seq FROM {self.commits} ORDER BY committed_at DESC, seq DESC LIMIT 1").collect()
+        if last and int(last[0][0]) < self.committed:  # stopped while re-applying after a rewind
+            self.replay_until = self.committed
         self.ice.create(self.holds.ident, self.holds.columns, {})
         for r in self.spark.sql(f"SELECT old_db, old_table, max(scn) FROM {self.renames} GROUP BY 1, 2").collect():
             self._renamed[(str(r[0]), str(r[1]))] = int(r[2])
@@ -208,6 +216,7 @@ class Lake:
     def apply(self, batch: int, events: Sequence[tuple[int, dict[str, Any]]] | frames.Prepared) -> int:
         """Write a unit ending at CDC sequence `batch`; returns the row changes written."""
         prepared = events if isinstance(events, frames.Prepared) else frames.prepare(events)
+        self.reached(batch)
         for changes in prepared.tables.values():
             for step in changes.steps:
                 if isinstance(step, Ddl) and step.alter.get("renames"):
@@ -250,6 +259,17 @@ class Lake:
         self.committed = max(self.committed, batch)
         self.merge_due(self.committed)  # after the record: a cut never names a batch the lake does not hold
         return written
+
+    def reached(self, batch: int) -> None:
+        """The loader is at `batch`: below the last committed one, units come again (a rewind, or a
+        crash's redelivery) and tables stand at different batches until one reaches it."""
+        if batch < self.committed:
+            if not self.replay_until:
+                self.log.info("lake.reapplying", batch=batch, until=self.committed)
+            self.replay_until = max(self.replay_until, self.committed)
+        elif self.replay_until and batch >= self.replay_until:
+            self.log.info("lake.reapplied", batch=batch)
+            self.replay_until = 0
 
     # -- tables set aside ------------------------------------------------------------------------
 
@@ -471,7 +491,7 @@ class Lake:
         for key, table in list(self._tables.items()):
             if table is not None and key not in self.holds:
                 self._guarded(key, cut, partial(self.flush, table, cut))
-        if cut > self.cuts.newest:  # the same batch again holds the same rows: one cut per batch
+        if cut > self.cuts.newest and not self.replay_until:  # the same batch holds the same rows: one cut each
             self.cuts.publish(cut, [t.names for t in self.loaded()])
             self._cut_now = False
             self.log.info("lake.cut_published", cut=cut, tables=len(self.loaded()))

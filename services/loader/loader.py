@@ -4,7 +4,9 @@ Loop: get a batch, read ahead while a RENAME TABLE has only one half in it, writ
 (every table's changelog append, merges that are due), ack its batches in order. Spark runs
 in a worker thread so the event loop stays free for NATS; the next batch is decoded into
 Arrow meanwhile (`ReadAhead`). A crash anywhere redelivers from
-the last ack; the lake's per-table markers skip what it already holds. Lake sequences are
+the last ack, and `binlake rewind loader` delivers again from an earlier point; either way the
+lake's per-table markers skip what each table already holds and apply what it lacks (a table
+dropped or restored from an older copy is built up again). Lake sequences are
 CDC sequences from a base per BINLAKE_CDC definition (`Lake.adopt_stream`); acks name CDC ones.
 """
 
@@ -64,13 +66,14 @@ class Loader:
         acked = await self._client.subscribe(filter=self._cfg.filter, start="earliest")
         self.log.info("loader.start", committed=committed, acked=acked)
         await self._report_held()
-        reader = ReadAhead(self._client, self._cfg.batch_rows, self._cfg.flush_s, lambda: self._lake.committed,
-                           self._lake.bases, max_bytes=self._cfg.batch_bytes)
+        reader = ReadAhead(self._client, self._cfg.batch_rows, self._cfg.flush_s, self._lake.bases,
+                           max_bytes=self._cfg.batch_bytes)
         try:
             while True:
                 fetched = await self._next(reader)
                 if fetched.batch.id is None or not _prepared(fetched).events:
-                    if fetched.batch.id is not None:  # only what the lake holds already, or nothing for it
+                    if fetched.batch.id is not None:  # nothing for the lake (other sources' messages)
+                        self._lake.reached(fetched.end)
                         await self._client.ack(fetched.batch.id)
                     await loop.run_in_executor(self._thread, self._idle)
                     await self._report_held()
@@ -122,8 +125,8 @@ class Loader:
 
     async def _apply(self, unit: list[Fetched], prepared: frames.Prepared) -> None:
         last = unit[-1].end
-        if last <= self._lake.committed or not prepared.events:
-            return  # applied before a crash, not acked then
+        if not prepared.events:
+            return
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(self._thread, self._lake.apply, last, prepared)

@@ -8,14 +8,16 @@ store's order, and nothing is acked here: a crash redelivers from the last ack.
 
 Lake sequences are CDC sequences plus the base the lake gave the batch's BINLAKE_CDC
 (`Lake.bases`); a batch of a stream the lake has not seen comes unprepared, and the loader
-has the lake adopt the stream first.
+has the lake adopt the stream first. Nothing is left out here by sequence: each lake table's own
+marker says which changes it holds (`Lake.apply`), so a batch redelivered after a crash, or
+delivered again after `binlake rewind`, adds exactly what each table lacks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,20 +39,19 @@ class Fetched:
         return self.base + self.batch.id
 
 
-def decode(batch: Batch, after: int = 0, base: int = 0) -> list[tuple[int, dict[str, Any]]]:
-    """(lake sequence, envelope) of every message after lake sequence `after` (what the lake already holds)."""
+def decode(batch: Batch, base: int = 0) -> list[tuple[int, dict[str, Any]]]:
+    """(lake sequence, envelope) of every message."""
     return [(base + seq, envelope.as_dict(envelope.decode(raw)))
-            for seq, raw in zip(batch.seqs, batch.raw, strict=True) if base + seq > after]
+            for seq, raw in zip(batch.seqs, batch.raw, strict=True)]
 
 
 class ReadAhead:
-    def __init__(self, client: StoreClient, max_rows: int, max_wait_s: float, committed: Callable[[], int],
-                 bases: Mapping[str, int], *, max_bytes: int | None = None) -> None:
+    def __init__(self, client: StoreClient, max_rows: int, max_wait_s: float, bases: Mapping[str, int], *,
+                 max_bytes: int | None = None) -> None:
         self._client = client
         self._max_rows = max_rows
         self._max_bytes = max_bytes
         self._max_wait_s = max_wait_s
-        self._committed = committed
         self._bases = bases
         self._next: asyncio.Task[Fetched] | None = None
 
@@ -79,8 +80,6 @@ class ReadAhead:
         return await self.prepare(batch, base)
 
     async def prepare(self, batch: Batch, base: int) -> Fetched:
-        """`batch` decoded, its sequences `base` on, without what the lake already holds."""
-        after = self._committed()
-        prepared = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: frames.prepare(decode(batch, after, base)))
+        """`batch` decoded, its sequences `base` on."""
+        prepared = await asyncio.get_running_loop().run_in_executor(None, lambda: frames.prepare(decode(batch, base)))
         return Fetched(batch, prepared, base)

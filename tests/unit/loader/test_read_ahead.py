@@ -52,8 +52,8 @@ def batch(*seqs: int) -> Batch:
     return Batch(seqs[-1], raw, len(seqs), list(seqs))
 
 
-def reader(store: Store, committed: int = 0, bases: dict[str, int] | None = None) -> ReadAhead:
-    return ReadAhead(store, 1000, 0.1, lambda: committed,  # type: ignore[arg-type]  # the stand-in store
+def reader(store: Store, bases: dict[str, int] | None = None) -> ReadAhead:
+    return ReadAhead(store, 1000, 0.1,  # type: ignore[arg-type]  # the stand-in store
                      {"": 0} if bases is None else bases)
 
 
@@ -85,20 +85,21 @@ async def test_runs_are_grouped_and_in_arrow_before_the_lake_asks() -> None:
     assert run._arrow is not None and sum(t.num_rows for t in run._arrow) == 2  # type: ignore[union-attr]
 
 
-async def test_an_empty_batch_passes_through_and_what_the_lake_holds_is_left_out() -> None:
-    ahead = reader(Store([Batch(None, [], 0, []), batch(7, 8, 9)]), committed=8)
+async def test_an_empty_batch_passes_through_and_every_message_of_a_batch_is_prepared() -> None:
+    """Nothing is left out by sequence: each lake table's marker says what it holds (a rewind re-applies)."""
+    ahead = reader(Store([Batch(None, [], 0, []), batch(7, 8, 9)]))
     empty = await ahead.next()
     assert empty.batch.id is None and prepared(empty).events == []
     fetched = await ahead.next()
     await ahead.close()
-    assert [seq for seq, _ in prepared(fetched).events] == [9]
+    assert [seq for seq, _ in prepared(fetched).events] == [7, 8, 9]
 
 
 async def test_a_batch_of_a_stream_new_to_the_lake_waits_for_its_base_then_counts_on_from_it() -> None:
     """BINLAKE_CDC defined again numbers from 1: its sequences continue the lake's from the base the
     lake gives the stream, so what the lake holds (up to 40 here) never hides them."""
     new = replace(batch(1, 2, 3), stream="cdc-2")
-    ahead = reader(Store([new]), committed=40, bases={"cdc-1": 0})
+    ahead = reader(Store([new]), bases={"cdc-1": 0})
     fetched = await ahead.next()
     assert fetched.prepared is None  # the loader has the lake adopt the stream first
     again = await ahead.prepare(fetched.batch, 40)
