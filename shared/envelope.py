@@ -21,7 +21,8 @@ import msgpack
 VERSION: Final = 1
 REF_VERSION: Final = 2  # a reference to an object holding a version-1 envelope (`shared.objects`)
 REPLACE: Final = "replace"  # a keyless table's snapshot begins here: it replaces the table's rows before it
-OPS: Final = frozenset({"i", "u", "d", "r", REPLACE, "ddl", "hb"})
+REPLACED: Final = "replaced"  # ... and is complete here (every `r` row of it came before)
+OPS: Final = frozenset({"i", "u", "d", "r", REPLACE, REPLACED, "ddl", "hb"})
 ROW_OPS: Final = frozenset({"i", "u", "d", "r"})  # the ops that carry rows
 REQUIRED: Final = ("v", "source", "op", "ts", "pos", "scn", "txn")
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from services.loader.naming import lake_column, reserved_column
 from services.loader.types import to_array
-from shared.envelope import REPLACE, ROW_OPS
+from shared.envelope import REPLACE, REPLACED, ROW_OPS
 
 BOOK_PREFIX = "_binlake_"
 PREV = "_binlake_prev_"
@@ -111,10 +111,15 @@ class Ddl:
 
 @dataclass(frozen=True)
 class Replace:
-    """A keyless table's snapshot begins: the fold discards the table's rows before it."""
+    """A keyless table's snapshot begins (`replace`: the fold discards the table's rows before it)
+    or is complete (`replaced`: its rows may be merged)."""
 
     seq: int
     env: dict[str, Any]
+
+    @property
+    def op(self) -> str:
+        return str(self.env["op"])
 
 
 Step = Rows | Ddl | Replace
@@ -155,10 +160,10 @@ def group(events: Iterable[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str],
     out: dict[tuple[str, str], TableChanges] = {}
     for seq, env in events:
         op, db, table = env["op"], env.get("db"), env.get("table")
-        if table is None or op not in ROW_OPS | {"ddl", REPLACE}:
+        if table is None or op not in ROW_OPS | {"ddl", REPLACE, REPLACED}:
             continue
         changes = out.setdefault((db or "", table), TableChanges(db or "", table))
-        if op == REPLACE:
+        if op in (REPLACE, REPLACED):
             changes.steps.append(Replace(seq, env))
             continue
         env = lake_columns(env)

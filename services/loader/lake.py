@@ -330,7 +330,7 @@ class Lake:
         if self._gone(db, name, int(step.env["scn"])):
             return 0
         if isinstance(step, Replace):
-            found = self.table(db, name)  # none yet: nothing to replace
+            found = self.table(db, name)  # none yet: nothing to replace, the `r` rows create it
             if found is not None and (step.env["scn"], step.seq) > found.appended.order:
                 found.record_replace(self.ice, step, batch, self.clock())
                 touched.add(key)
@@ -448,7 +448,10 @@ class Lake:
         self.ice.run_marked(marker, merge_sql(fold))
         self.log.info("lake.merged", table=f"{table.names.db}.{table.names.table}", rows=table.tail_rows,
                       seconds=round(self.clock() - started, 2))
-        table.merged, table.tail_rows, table.tail_since, table.replacing = marker, 0, None, False
+        if table.replace_open:  # a DDL or RENAME merges now: the parser reads that table again after it
+            self.log.info("lake.snapshot_abandoned", table=f"{table.names.db}.{table.names.table}")
+        table.merged, table.tail_rows, table.tail_since = marker, 0, None
+        table.replacing = table.replace_open = False
         self.publish_view(table)
 
     def publish_view(self, table: LakeTable) -> None:
@@ -469,7 +472,7 @@ class Lake:
             return
         now = self.clock()
         for key, table in list(self._tables.items()):
-            if table is None or not table.tail_rows or key in self.holds:
+            if table is None or not table.tail_rows or key in self.holds or table.replace_open:
                 continue
             age = now - (now if table.tail_since is None else table.tail_since)
             if table.tail_rows >= self.policy.rows or age >= self.policy.age_s:
@@ -485,13 +488,17 @@ class Lake:
 
         Every table then reflects every change up to the batch; the cut is recorded once all are
         merged, so a kill in between publishes nothing (the restarted lake finishes the cut). A table
-        that cannot be merged is set aside and left out of the cut.
+        that cannot be merged is set aside and left out of the cut. A keyless table whose snapshot is
+        not complete is not merged, and no cut is published until it is.
         """
         cut = self.committed if batch is None else batch
+        waiting = [t for k, t in self._tables.items() if t is not None and k not in self.holds and t.replace_open]
         for key, table in list(self._tables.items()):
-            if table is not None and key not in self.holds:
+            if table is not None and key not in self.holds and not table.replace_open:
                 self._guarded(key, cut, partial(self.flush, table, cut))
-        if cut > self.cuts.newest and not self.replay_until:  # the same batch holds the same rows: one cut each
+        if waiting:
+            self.log.info("lake.cut_waits", cut=cut, snapshots=[f"{t.names.db}.{t.names.table}" for t in waiting])
+        elif cut > self.cuts.newest and not self.replay_until:  # the same batch holds the same rows: one cut each
             self.cuts.publish(cut, [t.names for t in self.loaded()])
             self._cut_now = False
             self.log.info("lake.cut_published", cut=cut, tables=len(self.loaded()))

@@ -13,9 +13,14 @@ Tables without a key are multisets: the tail gives each distinct row a count del
 insert and per update's after image, -1 per delete and per update's before image), and the
 table then holds `count + delta` copies of that row. The MERGE deletes every copy of a
 touched row and inserts the new number of copies, in one commit. A snapshot of a keyless table
-starts with a `replace` row: from the last one in the tail on, the table is what follows it
-(the snapshot's rows and the changes after them), and the current table and every change before
-it are discarded (the MERGE deletes every row it holds).
+is a `replace` row, its `r` rows, then a `replaced` row (the parser reads it in pages of one
+consistent read, each page released by its own watermark window, so writes to the table go on
+between them). From the last `replace` that has its `replaced` on, the table is what follows it
+(the snapshot's rows and the changes after it), and the current table and every change before
+it are discarded (the MERGE deletes every row it holds). A `replace` not complete yet (a
+snapshot still running, or one the parser started over) is not folded: its `r` rows are left
+out, the other changes count as without it. The loader does not merge a table while its
+snapshot is incomplete (`LakeTable.replace_open`).
 
 `merge_sql` is what the loader runs; `live_sql` is the same fold as a query (the `__live`
 view, `binlake lake show`, `verify`, and time travel through `binlake lake as-of`).
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 
 from services.loader.frames import OP, PREV, ROW, SEQ
 from services.loader.naming import quote
-from shared.envelope import REPLACE
+from shared.envelope import REPLACE, REPLACED
 
 SCN = "_binlake_scn"
 DELETED = "_binlake_del"
@@ -50,7 +55,7 @@ class Fold:
 
 def _tail(f: Fold) -> str:
     scn, seq = f.after
-    ops = "'i', 'u', 'd', 'r'" if f.key else f"'i', 'u', 'd', 'r', '{REPLACE}'"
+    ops = "'i', 'u', 'd', 'r'" if f.key else f"'i', 'u', 'd', 'r', '{REPLACE}', '{REPLACED}'"
     cond = [f"{OP} IN ({ops})", f"({SCN} > {scn} OR ({SCN} = {scn} AND {SEQ} > {seq}))"]
     if f.upto is not None:
         uscn, useq = f.upto
@@ -112,17 +117,26 @@ def _keyed_live(f: Fold) -> str:
 # -- tables without a key -------------------------------------------------------------------------
 
 
+_AT = f"named_struct('s', {SCN}, 'q', {SEQ})"  # a changelog row's source order, comparable
+_CUT = "SELECT 1 FROM marks WHERE cut IS NOT NULL"  # the tail replaces the current table
+
+
 def _replaced(f: Fold) -> str:
-    """CTEs `tail_all` (with `replace` rows), `cut` (the last replace, or NULL), `tail` (the changes
-    after it) and `base` (the current table, empty when the tail replaces it)."""
+    """CTEs `tail_all` (with the marker rows), `marks` (`cut`: the last complete replace or NULL;
+    `open`: a later replace not complete yet, or NULL), `tail` (the changes after the cut, without
+    the open replace's rows) and `base` (the current table, empty when the tail replaces it)."""
     if not f.replacing:
         return f"tail AS ({_tail(f)}), base AS (SELECT {_cols(f, 'c.')} FROM {f.current} c)"
-    after = f"(cut.at IS NULL OR t.{SCN} > cut.at.s OR (t.{SCN} = cut.at.s AND t.{SEQ} > cut.at.q))"
     return (
         f"tail_all AS ({_tail(f)}), "
-        f"cut AS (SELECT max(named_struct('s', {SCN}, 'q', {SEQ})) AS at FROM tail_all WHERE {OP} = '{REPLACE}'), "
-        f"tail AS (SELECT t.* FROM tail_all t CROSS JOIN cut WHERE t.{OP} <> '{REPLACE}' AND {after}), "
-        f"base AS (SELECT {_cols(f, 'c.')} FROM {f.current} c CROSS JOIN cut WHERE cut.at IS NULL)"
+        f"ends AS (SELECT max(CASE WHEN {OP} = '{REPLACE}' THEN {_AT} END) AS began, "
+        f"max(CASE WHEN {OP} = '{REPLACED}' THEN {_AT} END) AS done FROM tail_all), "
+        f"marks AS (SELECT max(CASE WHEN t.{OP} = '{REPLACE}' AND {_AT} < e.done THEN {_AT} END) AS cut, "
+        f"CASE WHEN e.done IS NULL OR e.began > e.done THEN e.began END AS open "
+        f"FROM tail_all t CROSS JOIN ends e GROUP BY e.began, e.done), "
+        f"tail AS (SELECT t.* FROM tail_all t CROSS JOIN marks m WHERE t.{OP} NOT IN ('{REPLACE}', '{REPLACED}') "
+        f"AND (m.cut IS NULL OR {_AT} > m.cut) AND NOT (t.{OP} = 'r' AND m.open IS NOT NULL AND {_AT} > m.open)), "
+        f"base AS (SELECT {_cols(f, 'c.')} FROM {f.current} c WHERE NOT EXISTS ({_CUT}))"
     )
 
 
@@ -158,7 +172,7 @@ def _keyless_merge(f: Fold) -> str:
     cols = list(f.columns)
     # Rows to delete every copy of: the touched ones, and after a replace every row the table holds.
     gone = (f"SELECT DISTINCT {_cols(f)} FROM (SELECT {_cols(f)} FROM wanted "
-            f"UNION ALL SELECT {_cols(f, 'c.')} FROM {f.current} c CROSS JOIN cut WHERE cut.at IS NOT NULL)"
+            f"UNION ALL SELECT {_cols(f, 'c.')} FROM {f.current} c WHERE EXISTS ({_CUT}))"
             if f.replacing else f"SELECT {_cols(f)} FROM wanted")
     source = (
         f"WITH {_replaced(f)}, deltas AS ({_deltas(f)}), wanted AS ({_wanted(f)}) "
@@ -192,6 +206,12 @@ def merge_sql(f: Fold) -> str:
 def live_sql(f: Fold) -> str:
     """A query of the current table with the tail folded in."""
     return _keyed_live(f) if f.key else _keyless_live(f)
+
+
+def open_replace_sql(f: Fold) -> str:
+    """The op of the tail's last `replace` or `replaced` row (none: no row)."""
+    return (f"SELECT {OP} FROM ({_tail(f)}) WHERE {OP} IN ('{REPLACE}', '{REPLACED}') "
+            f"ORDER BY {SCN} DESC, {SEQ} DESC LIMIT 1")
 
 
 def tail_count_sql(f: Fold) -> str:

@@ -17,7 +17,7 @@ from pyspark.sql.types import StructType, _parse_datatype_string
 from services.loader import frames
 from services.loader.frames import BOOKKEEPING, PREV, Ddl, Replace
 from services.loader.iceberg import Iceberg, Marker, json_prop
-from services.loader.merges import Fold, tail_count_sql
+from services.loader.merges import Fold, open_replace_sql, tail_count_sql
 from services.loader.naming import BOOK_NAMESPACE, CHANGELOG_SUFFIX, TableNames, hashed, quote, source_of
 from services.loader.types import arrow_of_spark, spark_type
 from shared.envelope import REPLACE
@@ -93,6 +93,7 @@ class LakeTable:
     dropped: bool = False  # the source dropped the table; a CREATE ... IF NOT EXISTS creates it again
     source_columns: dict[str, dict[str, Any]] = field(default_factory=dict)  # SOURCE_COLUMNS_PROP
     replacing: bool = False  # the tail may hold a keyless snapshot's `replace` (merges.Fold.replacing)
+    replace_open: bool = False  # its last `replace` has no `replaced` yet: the snapshot is not whole
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -126,6 +127,9 @@ class LakeTable:
         table.tail_rows = int(ice.sql(tail_count_sql(fold)).collect()[0][0])
         table.tail_since = 0.0 if table.tail_rows else None  # merge soon after a restart
         table.replacing = not table.key and table.tail_rows > 0  # not known without a look: assume it
+        if table.replacing:
+            last = ice.sql(open_replace_sql(fold)).collect()
+            table.replace_open = bool(last) and last[0][0] == REPLACE
         return table
 
     @classmethod
@@ -259,9 +263,10 @@ class LakeTable:
         self._record(ice, "ddl", step.seq, step.env, batch, step.sql, 0, 0.0)
 
     def record_replace(self, ice: Iceberg, step: Replace, batch: int, now: float) -> None:
-        """Append a keyless snapshot's start to the changelog: a tail row the fold starts over at."""
-        self._record(ice, REPLACE, step.seq, step.env, batch, None, 1, now)
+        """Append a keyless snapshot's start (a tail row the fold starts over at) or its end to the changelog."""
+        self._record(ice, step.op, step.seq, step.env, batch, None, 1, now)
         self.replacing = True
+        self.replace_open = step.op == REPLACE
 
     def _record(self, ice: Iceberg, op: str, seq: int, env: Mapping[str, Any], batch: int, text: str | None,
                 rows: int, now: float) -> None:

@@ -322,8 +322,8 @@ class BinlogReader:
         """A snapshot watermark: never published itself; a high one releases its chunk here."""
         out: list[Outgoing] = []
 
-        def emit(schema: TableSchema, chunk: list[dict[str, Any]], replace: bool) -> int:
-            out.extend(self._asm.snapshot(schema, chunk, file, start, ts, self._chunk, replace=replace))
+        def emit(schema: TableSchema, chunk: list[dict[str, Any]], marks: tuple[str, ...]) -> int:
+            out.extend(self._asm.snapshot(schema, chunk, file, start, ts, self._chunk, marks=marks))
             return self._asm.scn(file, start)
 
         windows.on_watermark(rows, emit)

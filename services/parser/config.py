@@ -28,7 +28,7 @@ class ParserConfig(config.ServiceConfig):
     watermark_table: str = "binlake.watermarks"  # where snapshots write their watermarks (DBLog)
     snapshot_tables: str = ""  # regex over db.table: snapshot such tables on first sight ("" = only on request)
     snapshot_chunk_rows: int = 4096
-    snapshot_chunk_bytes: int = 32 * 1024 * 1024  # a chunk (of a table with a key) ends early at this many bytes
+    snapshot_chunk_bytes: int = 32 * 1024 * 1024  # a chunk (a keyless table's page) ends early at this many bytes
     snapshot_parallel: int = 2  # tables snapshotted at once
     snapshot_max_rows_s: float = 0.0  # rate limit over all tables; 0 = unlimited
     snapshot_poll_s: float = 1.0

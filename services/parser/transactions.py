@@ -10,7 +10,7 @@ batches a restart replays that the stream already holds (Debezium's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,17 +229,17 @@ class Assembler:
         return self._drain_before_last()
 
     def snapshot(self, table: TableSchema, changes: list[dict[str, Any]], file: str, start: int,
-                 ts: int, chunk: int = 0, *, replace: bool = False) -> list[Outgoing]:
+                 ts: int, chunk: int = 0, *, marks: Sequence[str] = ()) -> list[Outgoing]:
         """Snapshot rows (`op = "r"`, each `{"after": row}`) at the position of the high watermark
-        that releases them; with `replace`, after a `replace` (no rows) at the same position."""
-        if replace:
+        that releases them, after `marks` (`replace`, `replaced`: no rows) at the same position."""
+        for mark in marks:
             if self._txn is None:
                 raise DecodeError(f"snapshot of {table.db}.{table.table} at {file}:{start} outside a transaction")
-            self._push(self._env(envelope.REPLACE, table.db, table.table, file, start, self.scn(file, start), ts,
-                                 chunk), None, None)
+            self._push(self._env(mark, table.db, table.table, file, start, self.scn(file, start), ts, chunk),
+                       None, None)
             chunk += 1
-            if not changes:
-                return self._drain_before_last()
+        if marks and not changes:
+            return self._drain_before_last()
         return self.rows("r", table, changes, file, start, ts, chunk)
 
     def commit(self, file: str, end: int) -> list[Outgoing]:

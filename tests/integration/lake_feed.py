@@ -30,10 +30,14 @@ class Feed:
                           "ts": 1, "pos": {"file": "mysql-bin.000001", "offset": 4}, "scn": self.scn,
                           "txn": {"id": "y", "i": 0, "last": True}, "ddl": sql, "alter": alter}
 
-    def replace(self, table: str | None = None) -> tuple[int, dict[str, Any]]:
+    def replace(self, table: str | None = None, op: str = "replace") -> tuple[int, dict[str, Any]]:
         """A keyless table's snapshot begins (the parser's `replace`, no rows)."""
         self.seq += 1
         self.scn += 100
-        return self.seq, {"v": 1, "source": "main", "db": self.db, "table": table or self.table, "op": "replace",
+        return self.seq, {"v": 1, "source": "main", "db": self.db, "table": table or self.table, "op": op,
                           "ts": 1, "pos": {"file": "mysql-bin.000001", "offset": self.scn & 0xFFFF},
                           "scn": self.scn, "txn": {"id": "z", "i": 0, "last": False}}
+
+    def replaced(self, table: str | None = None) -> tuple[int, dict[str, Any]]:
+        """... and is complete (`replaced`, after its last `r` row)."""
+        return self.replace(table, "replaced")

@@ -109,8 +109,9 @@ def test_a_keyless_snapshot_replaces_the_rows_before_it(lake_factory):
     lake.apply(b1[-1][0], b1)
     b2 = [f.replace(), f.env("r", [{"after": a}, {"after": a}], cols, [])]
     lake.apply(b2[-1][0], b2)
-    assert current(lake, "d", "k") == Counter({(1, "a"): 2})  # the snapshot so far
-    b3 = [f.env("r", [{"after": b}], cols, []), f.env("d", [{"before": a}], cols, []),
+    assert current(lake, "d", "k") == Counter({(1, "a"): 2, (2, None): 1})  # not merged while incomplete
+    assert live(lake, "d", "k") == Counter({(1, "a"): 2, (2, None): 1})  # the snapshot's rows left out so far
+    b3 = [f.env("d", [{"before": a}], cols, []), f.env("r", [{"after": b}], cols, []), f.replaced(),
           f.env("i", [{"after": b}], cols, [])]
     lake.apply(b3[-1][0], b3)
     want = Counter({(1, "a"): 1, (2, None): 2})
@@ -118,11 +119,11 @@ def test_a_keyless_snapshot_replaces_the_rows_before_it(lake_factory):
     # A redelivery appends nothing again; a second snapshot of the same rows leaves them once.
     lake.apply(b3[-1][0], b1 + b2 + b3)
     assert current(lake, "d", "k") == want
-    b4 = [f.replace(), f.env("r", [{"after": a}, {"after": b}, {"after": b}], cols, [])]
+    b4 = [f.replace(), f.env("r", [{"after": a}, {"after": b}, {"after": b}], cols, []), f.replaced()]
     lake.apply(b4[-1][0], b4)
     assert current(lake, "d", "k") == want and live(lake, "d", "k") == want
-    # The source emptied the table: its snapshot is a `replace` alone.
-    b5 = [f.replace()]
+    # The source emptied the table: its snapshot is a `replace` and a `replaced`.
+    b5 = [f.replace(), f.replaced()]
     lake.apply(b5[-1][0], b5)
     assert current(lake, "d", "k") == Counter() and live(lake, "d", "k") == Counter()
 
@@ -135,12 +136,45 @@ def test_live_folds_a_replace_not_merged_yet(lake_factory):
     lake.apply(b[-1][0], b)
     lake.merge_all()
     b = [f.env("i", [{"after": {"n": 3, "v": "y"}}], cols, []), f.replace(),
-         f.env("r", [{"after": {"n": 1, "v": "x"}}], cols, []), f.env("i", [{"after": {"n": 4, "v": "z"}}], cols, [])]
+         f.env("r", [{"after": {"n": 1, "v": "x"}}], cols, []), f.replaced(),
+         f.env("i", [{"after": {"n": 4, "v": "z"}}], cols, [])]
     lake.apply(b[-1][0], b)
     want = Counter({(1, "x"): 1, (4, "z"): 1})
     assert live(lake, "d", "k") == want
     lake.merge_all()
     assert current(lake, "d", "k") == want
+
+
+def test_a_keyless_snapshot_in_pages_is_merged_once_complete_and_a_restarted_one_counts_once(lake_factory):
+    """The parser reads a keyless table in pages between writes: until `replaced` the table is not
+    merged and no cut is published (also after a restart of the loader), the live fold leaves the
+    snapshot's rows out; a snapshot the parser started over counts only its last attempt."""
+    lake = lake_factory(MergePolicy(rows=1, age_s=10**9), name="pages")  # merges after every batch
+    f = Feed(table="k")
+    cols = [N, V]
+    x, y, z = {"n": 1, "v": "x"}, {"n": 2, "v": "y"}, {"n": 3, "v": "z"}
+    b = [f.env("i", [{"after": x}, {"after": y}], cols, [])]
+    lake.apply(b[-1][0], b)
+    cut = lake.cuts.newest
+    before = Counter({(1, "x"): 1, (2, "y"): 1})
+    assert current(lake, "d", "k") == before
+    # The first attempt: a page, then the parser dies; a change comes between.
+    b = [f.replace(), f.env("r", [{"after": x}], cols, []), f.env("i", [{"after": z}], cols, [])]
+    lake.apply(b[-1][0], b)
+    assert current(lake, "d", "k") == before and lake.cuts.newest == cut
+    assert live(lake, "d", "k") == before + Counter({(3, "z"): 1})
+    restarted = lake_factory(MergePolicy(rows=1, age_s=10**9), name="pages")
+    t = restarted.table("d", "k")
+    assert t is not None and t.replace_open
+    # The second attempt (the source now holds x, y, z, then y is deleted mid-snapshot).
+    b = [f.replace(), f.env("r", [{"after": x}, {"after": y}], cols, []), f.env("d", [{"before": y}], cols, [])]
+    restarted.apply(b[-1][0], b)
+    assert current(restarted, "d", "k") == before and restarted.cuts.newest == cut
+    b = [f.env("r", [{"after": z}], cols, []), f.replaced()]
+    restarted.apply(b[-1][0], b)
+    want = Counter({(1, "x"): 1, (3, "z"): 1})
+    assert current(restarted, "d", "k") == want and live(restarted, "d", "k") == want
+    assert restarted.cuts.newest == b[-1][0]
 
 
 def test_add_column_default_rename_modify_and_truncate(lake_factory):

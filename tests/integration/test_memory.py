@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from services.launcher.processes import ServiceProcess
+from shared import keys
 from tests.integration.conftest import ParserFactory
-from tests.integration.lake_stack import Stack, services_answer
-from tests.integration.support import wait_until
+from tests.integration.lake_stack import Stack, cursor_values, services_answer
+from tests.integration.support import snapshot_cli, wait_until
 from tests.servers import MariaDB
 
 ServiceFactory = Callable[..., ServiceProcess]
@@ -89,3 +90,33 @@ def test_a_burst_of_large_rows_stays_within_every_services_byte_budget(
     for name in procs:
         bound = idle[name] + ALLOWANCE[name] * BUDGET + SLACK
         assert peak[name] <= bound, f"{name}: peak RSS {peak[name] // MIB} MiB over {bound // MIB} MiB ({report})"
+
+
+@pytest.mark.timeout(900)
+def test_the_snapshot_of_a_large_keyless_table_is_read_in_pages_within_the_parsers_budget(
+        mariadb: MariaDB, database: str, nats_url: str, parser_factory: ParserFactory) -> None:
+    """360 MB in a table without a key, there before binlake (only a snapshot sees it): the parser
+    reads it in pages of the chunk's bytes, so its peak stays within the same bound as a burst."""
+    db = database
+    mariadb.execute(f"CREATE TABLE `{db}`.heap (id INT, b LONGBLOB)")
+    parser = parser_factory(BINLAKE_BUFFER_BYTES=str(BUDGET), BINLAKE_PUBLISH_WINDOW_BYTES=str(BUDGET),
+                            BINLAKE_SNAPSHOT_CHUNK_BYTES=str(BUDGET), BINLAKE_SNAPSHOT_POLL_S="0.2")
+    conn = mariadb.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            for start in range(1, ROWS + 1, 10):
+                cur.execute(f"INSERT INTO `{db}`.heap SELECT seq, REPEAT(LPAD(HEX(seq), 8, '0'), {ROW_BYTES // 8}) "
+                            f"FROM `{db}`.seq_{start}_to_{start + 9}")
+    finally:
+        conn.close()
+    idle = _kib(parser.pid, "VmRSS")
+    done = snapshot_cli(nats_url, f"{db}.heap", timeout=600)
+    assert done.returncode == 0, done.stderr + parser.output[-3000:]
+    peak = _kib(parser.pid, "VmHWM")
+    state = cursor_values(nats_url, keys.snapshot_table("main", db, "heap"))[0]
+    assert state is not None and state["rows"] == ROWS and state["state"] == "done", state
+    print(f"memory: parser idle {idle // MIB} MiB, peak {peak // MIB} MiB over a {ROWS * ROW_BYTES // MIB} MiB table")
+    bound = idle + ALLOWANCE["parser"] * BUDGET + SLACK
+    assert peak <= bound, f"parser: peak RSS {peak // MIB} MiB over {bound // MIB} MiB"
+    assert state["chunks"] >= ROWS * ROW_BYTES // BUDGET  # pages of at most the chunk's bytes

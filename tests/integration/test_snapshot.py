@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from services.launcher.processes import ROOT, ServiceProcess
-from shared import keys
+from shared import envelope, keys
 from tests.integration.conftest import ParserFactory
 from tests.integration.lake_stack import (
     ServiceFactory,
@@ -44,7 +45,7 @@ from tests.integration.support import (
     wait_until,
 )
 from tests.integration.type_matrix import MATRIX, insert_sql
-from tests.servers import BOTH_SOURCES, MariaDB, NatsServer
+from tests.servers import BOTH_SOURCES, MYSQL_SOURCE, MariaDB, NatsServer
 
 ROWS = 50_000
 CHUNK = "1000"
@@ -112,6 +113,29 @@ def replay_all(msgs: list[StoredMsg], db: str, table: str, key: Callable[[dict[s
             if "after" in row:
                 state[key(row["after"])] = row["after"]
     return state
+
+
+def replay_keyless(msgs: list[StoredMsg], db: str, table: str) -> Counter[tuple[Any, ...]]:
+    """A keyless table's rows as the lake folds its events (`services.loader.merges`): a multiset,
+    from its last `replace` that has its `replaced` on, without the `r` rows of a later one still open."""
+    ops = ("i", "u", "d", "r", envelope.REPLACE, envelope.REPLACED)
+    events = [m.env for m in msgs if m.env.get("db") == db and m.env.get("table") == table and m.env["op"] in ops]
+    at = {op: [i for i, e in enumerate(events) if e["op"] == op] for op in (envelope.REPLACE, envelope.REPLACED)}
+    done = max(at[envelope.REPLACED], default=-1)
+    cut = max((i for i in at[envelope.REPLACE] if i < done), default=-1)
+    began = max(at[envelope.REPLACE], default=-1)
+    open_at = began if began > done else None
+    rows: Counter[tuple[Any, ...]] = Counter()
+    for i, env in enumerate(events[cut + 1:], start=cut + 1):
+        if env["op"] in (envelope.REPLACE, envelope.REPLACED) or (env["op"] == "r" and open_at is not None
+                                                                    and i > open_at):
+            continue
+        for row in env["rows"]:
+            if "before" in row:
+                rows[tuple(row["before"].values())] -= 1
+            if "after" in row:
+                rows[tuple(row["after"].values())] += 1
+    return +rows
 
 
 def by_id(row: dict[str, Any]) -> Any:
@@ -358,13 +382,14 @@ def writes(mariadb: MariaDB, stop: threading.Event, errors: list[BaseException],
 def test_a_keyless_table_snapshotted_after_its_rows_were_captured_holds_each_row_once(
         spark: SparkSession, lake_stack: SnapshotStack) -> None:
     """Rows the binlog brought (duplicates among them), then `binlake snapshot` of the table while it
-    is written, then a second snapshot: the lake equals the source as a multiset, no row twice."""
+    is written (read in pages of one consistent read), then a second snapshot: the lake equals the
+    source as a multiset, no row twice."""
     stack, db = lake_stack, lake_stack.db
     t = f"`{db}`.dups"
     stack.mariadb.execute(f"CREATE TABLE {t} (a INT, b VARCHAR(10))",
-                          f"INSERT INTO {t} VALUES " + ", ".join(f"({i % 40}, 'v{i % 3}')" for i in range(300)))
+                          f"INSERT INTO {t} VALUES " + ", ".join(f"({i % 40}, 'v{i % 3}')" for i in range(2500)))
     stack.start_loader()
-    stack.wait_loaded(max(m.seq for m in stack.wait_cdc(300)))
+    stack.wait_loaded(max(m.seq for m in stack.wait_cdc(2500)))
     stop = threading.Event()
     errors: list[BaseException] = []
     writer = writes(stack.mariadb, stop, errors, f"INSERT INTO {t} VALUES ({{n}} % 40, 'w')",
@@ -376,7 +401,9 @@ def test_a_keyless_table_snapshotted_after_its_rows_were_captured_holds_each_row
     stop.set()
     writer.join(10)
     assert not errors, errors
-    assert progress(stack.nats_url, db, "dups")["key_kind"] == "none"  # type: ignore[index]
+    state = progress(stack.nats_url, db, "dups")
+    assert state is not None and state["key_kind"] == "none"
+    assert state["chunks"] >= 2500 // int(CHUNK) + 2  # the `replace`, pages of CHUNK rows, the `replaced`
     stack.mariadb.execute(f"INSERT INTO {t} VALUES (-1, 'end')")
 
     def ended() -> bool:
@@ -420,7 +447,7 @@ def test_tables_without_key_empty_composite_and_unique_key(mariadb: MariaDB, dat
         f"UPDATE `{db}`.composite SET region = 'zz' WHERE region = 'eu' AND seq = 3 * ({{n}} % 3333)",
         f"UPDATE `{db}`.unique_only SET v = -{{n}} WHERE code = CONCAT('Code-', 1 + {{n}} % 5000)",
     )
-    # A keyless table is read whole and read again when a change touches rows it read: slower writes.
+    # A keyless table's read begins again when a change comes while it begins: slower writes.
     slow = writes(
         mariadb, stop, errors,
         f"UPDATE `{db}`.nokey SET b = CONCAT('u', {{n}}) WHERE a = 1 + {{n}} % 3000",
@@ -441,10 +468,10 @@ def test_tables_without_key_empty_composite_and_unique_key(mariadb: MariaDB, dat
         comp = {k: r["v"] for k, r in replay_all(msgs, db, "composite",
                                                  lambda r: (r["region"], r["id"], r["seq"])).items()}
         uniq = {k: r["v"] for k, r in replay_all(msgs, db, "unique_only", lambda r: r["code"]).items()}
-        nokey = set(replay_all(msgs, db, "nokey", lambda r: (r["a"], r["b"])))
+        nokey = replay_keyless(msgs, db, "nokey")
         ok = (comp == {tuple(r[:3]): r[3] for r in mariadb.query(f"SELECT * FROM `{db}`.composite")}
               and uniq == {r[0]: r[1] for r in mariadb.query(f"SELECT code, v FROM `{db}`.unique_only")}
-              and nokey == set(mariadb.query(f"SELECT a, b FROM `{db}`.nokey")))
+              and nokey == Counter(tuple(r) for r in mariadb.query(f"SELECT a, b FROM `{db}`.nokey")))
         return msgs if ok else None
 
     msgs = wait_until(replayed_equals_source, 60, "the stream replayed to equal every source table", interval=1)
@@ -454,10 +481,59 @@ def test_tables_without_key_empty_composite_and_unique_key(mariadb: MariaDB, dat
     assert {t: (s or {}).get("key_kind") for t, s in states.items()} == {
         "nokey": "none", "empty": "primary", "composite": "primary", "unique_only": "unique"}
     assert states["empty"]["rows"] == 0 and states["empty"]["state"] == "done"  # type: ignore[index]
-    assert states["nokey"]["chunks"] == 1  # type: ignore[index]  # read whole, in one window
+    assert states["nokey"]["chunks"] >= 3000 // 700 + 2  # type: ignore[index]  # `replace`, pages, `replaced`
     assert states["composite"]["chunks"] >= 10000 // 700  # type: ignore[index]
     assert snapshot_rows(msgs, db, "composite")[0].env["pk"] == ["region", "id", "seq"]
     assert snapshot_rows(msgs, db, "nokey")[0].env["pk"] == []
+
+
+@BOTH_SOURCES
+@pytest.mark.timeout(600)
+def test_a_keyless_table_is_read_in_pages_of_one_consistent_read_under_writes(
+        source: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
+    """Pages of 100 rows of one consistent read, released by their own windows while writers insert,
+    update and delete duplicates: the stream folded as the lake folds it equals the source."""
+    db, t = database, f"`{database}`.heap"
+    parser = parser_factory(BINLAKE_SNAPSHOT_CHUNK_ROWS="100", BINLAKE_SNAPSHOT_POLL_S="0.2",
+                            BINLAKE_SNAPSHOT_MAX_ROWS_S="2000")
+    source.execute(f"CREATE TABLE {t} (a INT, b VARCHAR(10))",
+                   f"INSERT INTO {t} VALUES " + ", ".join(f"({i % 50}, 'v{i % 3}')" for i in range(1000)))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    writer = writes(source, stop, errors, f"INSERT INTO {t} VALUES ({{n}} % 50, 'w')",
+                    f"DELETE FROM {t} WHERE a = ({{n}} * 7) % 50 LIMIT 1",
+                    f"UPDATE {t} SET b = 'u' WHERE a = ({{n}} * 3) % 50 LIMIT 2", pause=0.02)
+    done = snapshot_cli(nats_url, f"{db}.heap", timeout=300)
+    stop.set()
+    writer.join(10)
+    assert not errors, errors
+    assert done.returncode == 0, done.stderr + parser.output[-3000:]
+    state = progress(nats_url, db, "heap")
+    assert state is not None and state["chunks"] >= 1000 // 100 + 2, state
+
+    def folded_equals_source() -> bool:
+        want = Counter(tuple(r) for r in source.query(f"SELECT a, b FROM {t}"))
+        return replay_keyless(read_stream_sync(nats_url), db, "heap") == want
+
+    wait_until(folded_equals_source, 60, "the stream folded to equal the source", interval=1)
+
+
+@MYSQL_SOURCE
+def test_a_keyless_snapshot_refuses_a_binlog_out_of_commit_order(
+        source: MariaDB, database: str, parser_factory: ParserFactory, nats_url: str) -> None:
+    db = database
+    parser = parser_factory(BINLAKE_SNAPSHOT_POLL_S="0.2")
+    source.execute(f"CREATE TABLE `{db}`.heap (a INT)", f"INSERT INTO `{db}`.heap VALUES (1), (1)")
+    source.execute("SET GLOBAL binlog_order_commits = OFF")
+    try:
+        done = snapshot_cli(nats_url, f"{db}.heap")
+    finally:
+        source.execute("SET GLOBAL binlog_order_commits = ON")
+    assert done.returncode != 0
+    state = progress(nats_url, db, "heap")
+    assert state is not None and state["state"] == "failed", state
+    assert "set binlog_order_commits=ON, or give the table a key" in state["error"]
+    assert parser.running
 
 
 # -- operations -------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from services.parser.snapshot.values import block_decoder, block_size, nbytes, r
 from services.parser.snapshot.watermarks import Watermarks, connect, read_unicode
 from services.parser.snapshot.windows import BOTH, HIGH, LOW, Chunk, Outcome, Windows
 from services.parser.values import DecodeStats
-from shared import keys
+from shared import envelope, keys
 from shared import snapshots as snap
 from shared.actor import raise_if_cancelled
 from shared.errors import BinlakeError, FatalError, ForeignValue, OversizeEvent, SnapshotConflict, SourceUnavailable
@@ -62,6 +62,7 @@ _DECODE_ERRORS = (UnicodeError, LookupError, ValueError)
 
 
 _STALE = "the table changed since its columns were read"
+_PAGE_WAIT_S = 86_400  # net_write_timeout of a keyless table's read: its pages wait for their windows
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,32 @@ class _Read:
     rows: int
     last_key: list[Any] | None
     done: bool  # the table's last chunk
+
+
+async def _binlog_in_commit_order(cur: Any) -> bool:
+    """MySQL's `binlog_order_commits` (MariaDB has no such setting: it always is)."""
+    try:
+        await cur.execute("SELECT @@GLOBAL.binlog_order_commits")
+    except asyncmy.errors.MySQLError as exc:
+        if exc.args and exc.args[0] == 1193:  # unknown system variable
+            return True
+        raise
+    (value,) = await cur.fetchone()
+    return str(value.decode() if isinstance(value, bytes) else value) not in ("0", "OFF")
+
+
+class _Pages:
+    """A keyless table's consistent read (its own connection, one transaction), handed out in pages."""
+
+    def __init__(self, conn: Any, cursor: Any, shape: TableShape) -> None:
+        self.conn = conn
+        self.cursor = cursor
+        self.shape = shape
+        self.begun = False  # the window that began it was accepted (its `replace` emitted)
+        self.exhausted = False
+
+    def close(self) -> None:
+        self.conn.close()  # without reading the rest: closing the socket ends the statement
 
 
 @dataclass(frozen=True)
@@ -138,6 +165,7 @@ class Snapshotter:
         self.max_row_bytes = max_row_bytes
         self.dsn = MysqlUrl.parse(cfg.source_url)
         self.marks = Watermarks(cfg.watermark, cfg.source)
+        self._pages: dict[str, _Pages] = {}  # keyless tables being read, by name
         self.limiter = RateLimiter(cfg.snapshot_max_rows_s)
         self.stats = DecodeStats()
         self._ensured = False
@@ -318,6 +346,7 @@ class Snapshotter:
                         if sealed is not None:
                             self.windows.close(sealed.wid)
                             sealed = None
+                        self._drop_pages(p.name)
                         p = replace(p, last_key=None)
                         self.log.warning("snapshot.restarted", table=p.name,
                                          reason="rows removed by a partition statement")
@@ -352,6 +381,7 @@ class Snapshotter:
                         if sealed is not None:
                             self.windows.close(sealed.wid)  # its rows are read again on the new connection
                             sealed = None
+                        self._drop_pages(p.name)
                         reconnects += 1
                         if reconnects > RECONNECTS:
                             raise
@@ -378,6 +408,7 @@ class Snapshotter:
         finally:
             if sealed is not None:
                 self.windows.close(sealed.wid)  # else the window would hold its rows forever
+            self._drop_pages(p.name)
             self.windows.snapshotting -= 1
             self._shapes.pop(p.name, None)
             self._removed.pop(p.name, None)
@@ -432,7 +463,13 @@ class Snapshotter:
                     # The chunking key changed (ALTER TABLE): its order is another; start over.
                     self.log.warning("snapshot.key_changed", table=p.name, old=sig, new=shape.key_sig)
                     last = None
-                rows, last_key, cut = await self._read(conn, shape, last)
+                if shape.key:
+                    rows, last_key, cut = await self._read(conn, shape, last)
+                    chunk = Chunk(shape.schema, shape.key, rows)
+                    done = len(rows) < self.cfg.snapshot_chunk_rows and not cut
+                else:
+                    chunk = await self._page(p.name, shape)
+                    rows, last_key, done = chunk.rows, None, envelope.REPLACED in chunk.marks
             except UnsupportedColumn as exc:
                 raise TableFailed(str(exc)) from None
             except _DECODE_ERRORS as exc:
@@ -453,14 +490,14 @@ class Snapshotter:
                     self._shapes.pop(p.name, None)
                     return f"{_STALE} ({exc.args[-1] if exc.args else exc})"
                 raise TableFailed(f"reading {p.name} failed: {exc.args[-1] if exc.args else exc}") from None
-            self.windows.fill(wid, Chunk(shape.schema, shape.key, rows))
-            done = not shape.key or (len(rows) < self.cfg.snapshot_chunk_rows and not cut)
+            self.windows.fill(wid, chunk)
             read = _Read(wid, outcome, shape, known[1] if known is not None else None, len(rows),
                          last_key if rows else last, done)
             return read
         finally:
             if read is None:
                 self.windows.close(wid)
+                self._drop_pages(p.name)  # a keyless table's read begins again
 
     async def _settle(self, read: _Read, p: snap.TableProgress) -> tuple[snap.TableProgress, int | None, bool]:
         """Wait for the binlog thread to close `read`'s window: the progress it leads to, the scn
@@ -473,6 +510,7 @@ class Snapshotter:
             outcome = replace(outcome, retry=_STALE)  # a DDL between the describe and H: its rows may be off
         if outcome.retry:
             self._shapes.pop(p.name, None)
+            self._drop_pages(p.name)  # a keyless table's read begins again, with a new `replace`
             self._retries.inc()
             self.log.info("snapshot.retry", table=p.name, chunk=p.chunks, reason=outcome.retry)
             return self._retry(p, outcome.retry), None, False
@@ -481,6 +519,9 @@ class Snapshotter:
         shape = read.shape
         p = replace(p, key=list(shape.key), key_kind=shape.key_kind, key_sig=shape.key_sig,
                     estimate=max(p.estimate, shape.estimate))
+        if (pages := self._pages.get(p.name)) is not None and not pages.begun:
+            pages.begun = True
+            p = replace(p, rows=0)  # an earlier attempt's pages are replaced by this one's
         p = p.advanced(last_key=read.last_key, rows=outcome.emitted, now_ms=now_ms(), done=read.done)
         p = replace(p, error=None)
         self._chunks.inc()
@@ -489,8 +530,8 @@ class Snapshotter:
 
     async def _read(self, conn: Any, shape: TableShape,
                     last_key: list[Any] | None) -> tuple[list[dict[str, Any]], list[Any] | None, bool]:
-        """One chunk in key order after `last_key` (the whole table when it has no key): its rows as
-        `r` changes, the key of the last one, and whether it was cut short at `snapshot_chunk_bytes`."""
+        """One chunk of a table with a key, in key order after `last_key`: its rows as `r` changes,
+        the key of the last one, and whether it was cut short at `snapshot_chunk_bytes`."""
         schema = shape.schema
         names = tuple(c.name for c in schema.columns)
         by_name = {c.name: (i, c) for i, c in enumerate(schema.columns)}
@@ -501,9 +542,8 @@ class Snapshotter:
         unicode = reads_unicode(schema.columns)
         decode = block_decoder(schema.columns, self.stats, unicode=unicode, wrap="after")
         bound = row_size_check(schema.columns, self.max_row_bytes)
-        # Rows that could add up to more than the chunk's bytes are measured; a keyless table is read whole.
-        per_row = row_size_check(schema.columns, self.cfg.snapshot_chunk_bytes // self.cfg.snapshot_chunk_rows) \
-            if key_cols else None
+        # Rows that could add up to more than the chunk's bytes are measured.
+        per_row = row_size_check(schema.columns, self.cfg.snapshot_chunk_bytes // self.cfg.snapshot_chunk_rows)
         measure = bound or per_row  # (fixed, long) depends on the columns only: one measurement serves both
         rows: list[dict[str, Any]] = []
         raw: tuple[Any, ...] | None = None
@@ -528,9 +568,75 @@ class Snapshotter:
                         step = max(1, min(1024, (budget - size) // largest))  # the next block fits the budget
         finally:
             read_unicode(conn, False)
-        if raw is None or not key_cols:
+        if raw is None:
             return rows, None, cut
         return rows, [key_param(c, raw[i]) for i, c in key_cols], cut
+
+    async def _page(self, name: str, shape: TableShape) -> Chunk:
+        """A keyless table's next window: the one that begins its consistent read (`replace`), a page
+        of at most `snapshot_chunk_rows` rows and `snapshot_chunk_bytes`, or the end (`replaced`).
+        Only a page is in memory, whatever the table's size."""
+        pages = self._pages.get(name)
+        if pages is not None and pages.shape.schema != shape.schema:
+            self._drop_pages(name)  # described again with other columns: begin again
+            pages = None
+        if pages is None:
+            self._pages[name] = await self._begin_read(shape)
+            return Chunk(shape.schema, (), [], marks=(envelope.REPLACE,))
+        if pages.exhausted:
+            return Chunk(shape.schema, (), [], marks=(envelope.REPLACED,), consistent=True)
+        columns = shape.schema.columns
+        decode = block_decoder(columns, self.stats, unicode=reads_unicode(columns), wrap="after")
+        bound = row_size_check(columns, self.max_row_bytes)
+        per_row = row_size_check(columns, self.cfg.snapshot_chunk_bytes // self.cfg.snapshot_chunk_rows)
+        measure = bound or per_row
+        rows: list[dict[str, Any]] = []
+        size, step, limit = 0, 1024 if per_row is None else 1, self.cfg.snapshot_chunk_rows
+        while len(rows) < limit:
+            many = await pages.cursor.fetchmany(min(step, limit - len(rows)))
+            if not many:
+                pages.exhausted = True
+                break
+            if measure is not None:
+                total, largest = block_size(many, *measure)
+                if bound is not None and largest > self.max_row_bytes:
+                    self._check_sizes(shape.schema, many, *measure)
+            rows.extend(decode(many))
+            if per_row is not None:
+                size += total
+                if size >= self.cfg.snapshot_chunk_bytes:
+                    break
+                step = max(1, min(1024, (self.cfg.snapshot_chunk_bytes - size) // max(1, largest)))
+        if not rows:
+            return Chunk(shape.schema, (), [], marks=(envelope.REPLACED,), consistent=True)
+        return Chunk(shape.schema, (), rows, consistent=True)
+
+    async def _begin_read(self, shape: TableShape) -> _Pages:
+        """A connection in a consistent read of the table, its SELECT sent (rows are fetched page by page)."""
+        schema = shape.schema
+        conn = await connect(self.dsn)
+        try:
+            async with conn.cursor() as cur:
+                if not await _binlog_in_commit_order(cur):
+                    raise TableFailed(f"{schema.db}.{schema.table} has no key, and its snapshot needs the binlog "
+                                      "in commit order: set binlog_order_commits=ON, or give the table a key")
+                await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                # Pages are fetched as their windows close: the server must wait that long for us.
+                await cur.execute(f"SET SESSION net_write_timeout = {_PAGE_WAIT_S}")
+                await cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            read_unicode(conn, reads_unicode(schema.columns))
+            cursor = conn.cursor(SSCursor)
+            names = tuple(c.name for c in schema.columns)
+            await cursor.execute(chunk_sql(schema.db, schema.table, names, (), after=False, limit=0))
+        except BaseException:
+            conn.close()
+            raise
+        return _Pages(conn, cursor, shape)
+
+    def _drop_pages(self, name: str) -> None:
+        pages = self._pages.pop(name, None)
+        if pages is not None:
+            pages.close()
 
     def _check_sizes(self, schema: TableSchema, rows: list[tuple[Any, ...]], fixed: int, long: tuple[int, ...]) -> None:
         """Fail the table at a row larger than a snapshot reads (`block_size` bounded the block above it)."""

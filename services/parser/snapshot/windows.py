@@ -8,8 +8,14 @@ binlog thread releases the one before. The binlog thread
 sees L, then every change in between, then H, in binlog order. At H it drops the chunk rows
 whose key changed between L and H (the binlog already carries their newer state) and emits
 the rest as `op = "r"` at H's position, inside the parser's own ordered, de-duplicated
-chain (a keyless table's, after a `replace`). The result equals the source at H whatever was
-written meanwhile.
+chain. The result equals the source at H whatever was written meanwhile.
+
+A table without a key is read in one consistent read instead, in pages: its first window
+only begins the read (START TRANSACTION WITH CONSISTENT SNAPSHOT) and emits a `replace` at H
+if nothing touched the table between L and H, so the read sees exactly the changes before the
+`replace` in binlog order. Each later window releases one page of that read without looking at
+changes (the lake counts rows as a multiset: the snapshot's rows and the changes after the
+`replace` add up in any order), and the last one emits `replaced`.
 
 Pure apart from a lock: the binlog thread and the event loop both call in.
 """
@@ -34,6 +40,8 @@ class Chunk:
     schema: TableSchema
     key: tuple[str, ...]  # () = rows are matched by every column (tables without a key)
     rows: list[dict[str, Any]]  # as the `r` changes they become: {"after": row}
+    marks: tuple[str, ...] = ()  # `replace` / `replaced` (a keyless table's snapshot), before the rows
+    consistent: bool = False  # a page of a consistent read begun in an earlier window: emitted as read
 
 
 @dataclass(frozen=True)
@@ -77,8 +85,8 @@ def surviving(chunk: Chunk, changed: Sequence[dict[str, Any]]) -> list[dict[str,
     return [row for row in chunk.rows if row_key(row["after"], chunk.key) not in touched]
 
 
-# (schema, rows, replace): `replace` starts a keyless table's snapshot (it emits even without rows).
-Emit = Callable[[TableSchema, list[dict[str, Any]], bool], int | None]
+# (schema, rows, marks): the marks (`replace`, `replaced`) go first; emits even without rows.
+Emit = Callable[[TableSchema, list[dict[str, Any]], tuple[str, ...]], int | None]
 
 
 class Windows:
@@ -194,13 +202,18 @@ class Windows:
             return Outcome(retry=w.spoiled)
         if w.chunk is None:
             return Outcome(retry="the high watermark came before the chunk was read")
-        rows = surviving(w.chunk, w.changed)
-        if not w.chunk.key and len(rows) < len(w.chunk.rows):
-            # Without a key, identical rows cannot be told apart: whether the copy SELECT saw is
-            # the one that changed is unknown, so a chunk touched by a change is read again.
-            return Outcome(retry="rows read were changed between the watermarks and the table has no key")
-        if w.chunk.key and not rows:
+        chunk = w.chunk
+        if chunk.consistent:
+            if not chunk.rows and not chunk.marks:
+                return Outcome()
+            return Outcome(emitted=len(chunk.rows), scn=emit(chunk.schema, chunk.rows, chunk.marks))
+        if not chunk.key:
+            if w.changed:
+                # The consistent read began somewhere between L and H: whether it saw a change made
+                # there is unknown, so the `replace` cannot be placed; begin it again.
+                return Outcome(retry="the table changed while its consistent read began, and it has no key")
+            return Outcome(emitted=len(chunk.rows), scn=emit(chunk.schema, chunk.rows, chunk.marks))
+        rows = surviving(chunk, w.changed)
+        if not rows:
             return Outcome()
-        # A keyless table is one chunk, its rows led by a `replace`: the lake's rows of the table
-        # before it (from the binlog, or an earlier snapshot) are replaced, never counted twice.
-        return Outcome(emitted=len(rows), scn=emit(w.chunk.schema, rows, not w.chunk.key))
+        return Outcome(emitted=len(rows), scn=emit(chunk.schema, rows, chunk.marks))

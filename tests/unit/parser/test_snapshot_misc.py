@@ -252,6 +252,22 @@ def test_snapshot_is_ordered_with_the_other_messages_of_its_transaction() -> Non
     assert [env(m)["txn"]["i"] for m in out] == [0, 1]  # type: ignore[index]
 
 
+@pytest.mark.parametrize("rows", [0, 1])
+def test_snapshot_marks_come_first_each_its_own_message_at_the_watermark(rows: int) -> None:
+    """A keyless table's `replace` (or `replaced`): rowless messages at the watermark's position,
+    numbered apart (`chunk`) so their ids never meet the rows after them."""
+    a = asm()
+    a.gtid("0-1-6", 0, False, F, 100)
+    a.query("BEGIN", "", F, 140, 180, TS)
+    chunk: list[dict[str, Any]] = [{"after": {"id": 1, "note": "a"}}][:rows]
+    out = a.snapshot(T, chunk, F, 200, TS, marks=(envelope.REPLACE, envelope.REPLACED)) + a.commit(F, 300)
+    got = [env(m) for m in out]
+    assert [e["op"] for e in got] == ["replace", "replaced", "r"][:2 + rows]
+    assert {e["scn"] for e in got} == {envelope.scn(F, 200)}
+    assert len({m.msg_id for m in out}) == len(out)
+    assert "rows" not in got[0] and got[-1]["txn"]["last"] is True  # type: ignore[index]
+
+
 def test_snapshot_outside_a_transaction_is_a_decode_error() -> None:
     with pytest.raises(DecodeError, match="outside a transaction"):
         asm().snapshot(T, [{"after": {"id": 1, "note": "a"}}], F, 200, TS)

@@ -57,11 +57,11 @@ class Harness:
         self.w = Windows(SRC, WATERMARKS)
         self.outcomes: dict[str, list[Outcome]] = {}
         self.emitted: list[tuple[TableSchema, list[dict[str, Any]]]] = []
-        self.replaces: list[bool] = []
+        self.marked: list[tuple[str, ...]] = []
 
-    def emit(self, schema: TableSchema, rows: list[dict[str, Any]], replace: bool) -> int | None:
+    def emit(self, schema: TableSchema, rows: list[dict[str, Any]], marks: tuple[str, ...]) -> int | None:
         self.emitted.append((schema, rows))
-        self.replaces.append(replace)
+        self.marked.append(marks)
         return SCN
 
     def open(self, wid: str = "w1", db: str = "shop", table: str = "orders") -> None:
@@ -383,36 +383,54 @@ def test_both_for_a_closed_window_still_closes_the_one_before(h: Harness) -> Non
 # -- keyless chunks ------------------------------------------------------------------------------
 
 
-def test_keyless_chunk_changed_between_the_watermarks_is_read_again(h: Harness) -> None:
-    """Identical rows cannot be told apart without a key: any change in the window means a re-read."""
-    c = Chunk(T, (), [ins(row(1, "a")), ins(row(1, "a")), ins(row(2, "a"))])
-    out = h.run(c, [upd(row(1, "a"), row(1, "c"))])
+REPLACE = Chunk(T, (), [], marks=("replace",))  # the window that begins a keyless table's consistent read
+
+
+def page(*rows: dict[str, Any], marks: tuple[str, ...] = ()) -> Chunk:
+    return Chunk(T, (), [ins(r) for r in rows], marks=marks, consistent=True)
+
+
+@pytest.mark.parametrize("change", [upd(row(1, "a"), row(1, "c")), ins(row(3, "new")), dele(row(9, "never read"))])
+def test_a_keyless_read_begun_while_its_table_changed_begins_again(h: Harness, change: dict[str, Any]) -> None:
+    """Whether the read saw a change made between L and H is unknown: the `replace` has no place."""
+    out = h.run(REPLACE, [change])
     assert out.retry and "no key" in out.retry
     assert h.emitted == []
 
 
-def test_keyless_chunk_without_changes_is_emitted_whole(h: Harness) -> None:
-    c = Chunk(T, (), [ins({"id": 1, "tags": ["a", "b"]}), ins({"id": 1, "tags": ["a"]})])
-    out = h.run(c, [])
-    assert out == Outcome(emitted=2, scn=SCN)
-    assert h.replaces == [True]  # after a `replace`: the lake's rows of the table before it go
+def test_a_keyless_read_begun_in_a_quiet_window_emits_its_replace(h: Harness) -> None:
+    assert h.run(REPLACE, [], before=[ins(row(1))]) == Outcome(emitted=0, scn=SCN)
+    assert h.emitted == [(T, [])] and h.marked == [("replace",)]
 
 
-def test_an_empty_keyless_table_still_replaces(h: Harness) -> None:
-    """A keyless table the source emptied: the snapshot's `replace` alone empties the lake's."""
-    assert h.run(Chunk(T, (), []), []) == Outcome(emitted=0, scn=SCN)
-    assert h.emitted == [(T, [])] and h.replaces == [True]
+@pytest.mark.parametrize("marks", [(), ("replaced",)])
+def test_a_page_of_a_consistent_read_is_emitted_as_read_whatever_changed(h: Harness, marks: tuple[str, ...]) -> None:
+    """The page is the table at the `replace`; changes since are in the binlog after it, and the
+    lake's multiset fold adds them up in any order."""
+    c = page({"id": 1, "tags": ["a", "b"]}, row(1, "a"), row(1, "a"), marks=marks)
+    out = h.run(c, [upd(row(1, "a"), row(1, "c")), dele(row(1, "a")), ins(row(5))])
+    assert out == Outcome(emitted=3, scn=SCN)
+    assert h.emitted == [(T, c.rows)] and h.marked == [marks]
 
 
-def test_a_keyed_chunk_never_replaces(h: Harness) -> None:
+def test_the_end_of_a_consistent_read_is_a_replaced_alone(h: Harness) -> None:
+    assert h.run(page(marks=("replaced",)), [ins(row(1))]) == Outcome(emitted=0, scn=SCN)
+    assert h.emitted == [(T, [])] and h.marked == [("replaced",)]
+
+
+def test_a_keyed_chunk_has_no_marks(h: Harness) -> None:
     h.run(chunk(1, 2), [])
-    assert h.replaces == [False]
+    assert h.marked == [()]
 
 
-def test_keyless_chunk_with_changes_to_rows_it_did_not_read_is_emitted_whole(h: Harness) -> None:
-    c = Chunk(T, (), [ins(row(1, "a")), ins(row(2, "b"))])
-    out = h.run(c, [ins(row(3, "c")), upd(row(4, "d"), row(4, "e")), dele(row(1, "zz"))])
-    assert out == Outcome(emitted=2, scn=SCN)
+@pytest.mark.parametrize("c", [REPLACE, page(row(1))])
+def test_ddl_in_a_keyless_window_is_a_retry(h: Harness, c: Chunk) -> None:
+    h.open()
+    h.marks(mark("w1", LOW))
+    h.w.on_ddl([("shop", "orders")], "ALTER TABLE orders ADD COLUMN z INT")
+    h.w.fill("w1", c)
+    h.marks(mark("w1", HIGH))
+    assert h.outcome().retry and h.emitted == []
 
 
 def test_surviving_matches_keyless_rows_by_whole_image() -> None:
