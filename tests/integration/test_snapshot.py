@@ -341,6 +341,47 @@ def test_snapshot_survives_two_parser_kills(spark: SparkSession, lake_stack: Sna
     assert reads <= ROWS + workload.statements + 2 * int(CHUNK), "a resumed snapshot started over"
 
 
+@pytest.mark.timeout(900)
+def test_a_keyless_snapshot_killed_between_its_pages_starts_over_and_the_lake_counts_each_row_once(
+        spark: SparkSession, lake_stack: SnapshotStack, parser_factory: ParserFactory) -> None:
+    """SIGKILL of the parser while it hands out a keyless table's pages, writers on the table: the
+    next parser begins a new consistent read (a new `replace`), the lake folds from the complete
+    one and equals the source as a multiset."""
+    stack, db = lake_stack, lake_stack.db
+    t = f"`{db}`.heap"
+    slow = {**SNAPSHOT_ENV, "BINLAKE_SNAPSHOT_CHUNK_ROWS": "200", "BINLAKE_SNAPSHOT_MAX_ROWS_S": "1000"}
+    stack.parsers[-1].stop(timeout=30)
+    stack.parsers.append(parser_factory(log_name="parser-slow.log", **slow))
+    stack.mariadb.execute(f"CREATE TABLE {t} (a INT, b VARCHAR(10))")
+    without_binlog(stack.mariadb, f"INSERT INTO {t} SELECT seq % 50, CONCAT('v', seq % 3) FROM `{db}`.seq_1_to_5000")
+    stack.start_loader()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    writer = writes(stack.mariadb, stop, errors, f"INSERT INTO {t} VALUES ({{n}} % 50, 'w')",
+                    f"DELETE FROM {t} WHERE a = ({{n}} * 7) % 50 LIMIT 1",
+                    f"UPDATE {t} SET b = 'u' WHERE a = ({{n}} * 3) % 50 LIMIT 2", pause=0.05)
+    filed = snapshot_cli(stack.nats_url, f"{db}.heap", "--no-wait")
+    assert filed.returncode == 0, filed.stderr
+    wait_until(lambda: int((progress(stack.nats_url, db, "heap") or {}).get("chunks", 0)) >= 6, 300,
+               "pages of the keyless table", interval=0.1)
+    stack.parsers[-1].kill()
+    stack.parsers.append(parser_factory(wait_ready=False, log_name="parser-after-kill.log", **slow))
+    done = snapshot_cli(stack.nats_url, f"{db}.heap", timeout=600)  # joins the running snapshot
+    stop.set()
+    writer.join(10)
+    assert not errors, errors
+    assert done.returncode == 0, done.stderr
+    stack.mariadb.execute(f"INSERT INTO {t} VALUES (-1, 'end')")
+    wait_until(lambda: any(m.env.get("table") == "heap" and m.env["op"] == "i" and m.env["rows"][0]["after"]["a"] == -1
+                           for m in stack.cdc()), 120, "the last insert in BINLAKE_CDC", interval=1)
+    msgs = read_stream_sync(stack.nats_url, "BINLAKE_CDC")
+    replaces = [m for m in msgs if m.env.get("table") == "heap" and m.env["op"] == envelope.REPLACE]
+    assert len(replaces) >= 2  # begun again after the kill
+    stack.wait_loaded(max(m.seq for m in msgs))
+    stack.wait_merged(["heap"])
+    assert_cells_equal(stack, "heap")
+
+
 # -- table shapes -------------------------------------------------------------------------------
 
 
