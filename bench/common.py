@@ -73,6 +73,17 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def proc_peak_rss(pid: int) -> int:
+    """The peak resident set (VmHWM) of a live process in bytes (0 if unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def log_summary(log: Path) -> list[str]:
     """Warning/error lines of a service log, grouped (JSON structlog lines and anything else)."""
     counts: Counter[str] = Counter()

@@ -11,11 +11,13 @@ binlake). Then, alternately, `--runs` times:
       filing the snapshot request until BINLAKE_CDC holds all N rows as `op = "r"`.
 
 Prints rows/s of both, their ratio, the chunk cycle time percentiles (time between the
-arrivals of consecutive chunks' last messages in BINLAKE_CDC), and the CPU the parser and the
-sink spent per row (steadier than times on a noisy machine). Exits non-zero when the CDC
-rows are not exactly the table's rows.
+arrivals of consecutive chunks' last messages in BINLAKE_CDC), the CPU the parser and the
+sink spent per row (steadier than times on a noisy machine) and the parser's peak RSS. Exits
+non-zero when the CDC rows are not exactly the table's rows. `--keyless`: the same table
+without a key (one consistent read, in pages); run it at two sizes to see the parser's
+memory stay flat.
 
-    python3 -m bench.snapshot [--rows 300000] [--runs 2] [--chunk-rows 4096] [--workdir DIR]
+    python3 -m bench.snapshot [--rows 300000] [--runs 2] [--chunk-rows 4096] [--keyless] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from asyncmy.cursors import SSCursor
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from bench.common import arguments, proc_cpu, run_in_workdir
+from bench.common import arguments, proc_cpu, proc_peak_rss, run_in_workdir
 from services.launcher.processes import clean_env, spawn, stop_all
 from services.launcher.servers import MariaDB, start_mariadb, start_nats
 from shared import keys
@@ -58,14 +60,15 @@ class Run:
     cycles_ms: list[float] = field(default_factory=list)
     first_ms: float = 0.0  # from the request to the first chunk in BINLAKE_CDC
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds per service during the snapshot
+    parser_peak: int = 0  # the parser's peak RSS, bytes
 
     @property
     def rate(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
 
-def fill(db: MariaDB, rows: int) -> None:
-    db.execute(*DDL)
+def fill(db: MariaDB, rows: int, keyless: bool) -> None:
+    db.execute(*(d.replace("id INT PRIMARY KEY", "id INT") if keyless else d for d in DDL))
     conn = db.connect()
     try:
         with conn.cursor() as cur:
@@ -141,13 +144,14 @@ async def binlake(db: MariaDB, nats_url: str, rows: int, prefix: str, chunk_rows
         await asyncio.wait_for(done.wait(), 1800)
         seconds = time.perf_counter() - started
         cpu = {name: proc_cpu(p.pid) - c0 for name, p, c0 in zip(("parser", "sink"), procs, cpu0, strict=True)}
+        peak = proc_peak_rss(procs[0].pid)
         await sub.unsubscribe()
         ends = sorted(arrivals.values())
         cycles = [(b - a) * 1000 for a, b in itertools.pairwise(ends)]
         if got != rows:
             raise SystemExit(f"BINLAKE_CDC holds {got} snapshot rows, the table {rows}")
         return Run(f"binlake snapshot -> BINLAKE_CDC (chunk {chunk_rows})", got, seconds, cycles,
-                   (ends[0] - started) * 1000, cpu)
+                   (ends[0] - started) * 1000, cpu, peak)
     finally:
         await nc.close()
         stop_all(procs)
@@ -168,8 +172,8 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         ns = start_nats(workdir / "nats")
         try:
             t0 = time.perf_counter()
-            fill(db, args.rows)
-            print(f"table {DB}.{TABLE}: {args.rows:,} rows of 9 mixed columns, "
+            fill(db, args.rows, args.keyless)
+            print(f"table {DB}.{TABLE}: {args.rows:,} rows of 9 mixed columns{', no key' if args.keyless else ''}, "
                   f"filled in {time.perf_counter() - t0:.1f}s")
             base: list[Run] = []
             ours: list[Run] = []
@@ -178,7 +182,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
                 ours.append(asyncio.run(binlake(db, ns.url, args.rows, f"bench{i}", args.chunk_rows, logs)))
                 cpu = "  ".join(f"{k} {v * 1e6 / args.rows:.2f}" for k, v in ours[-1].cpu_s.items())
                 print(f"run {i + 1}: baseline {base[-1].rate:>10,.0f} rows/s   binlake {ours[-1].rate:>10,.0f} rows/s"
-                      f"   CPU us/row: {cpu}")
+                      f"   CPU us/row: {cpu}   parser peak RSS {ours[-1].parser_peak / 2**20:.0f} MiB")
         finally:
             ns.stop()
     finally:
@@ -200,6 +204,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     for name in ("parser", "sink"):
         per_row = statistics.median(r.cpu_s[name] for r in ours) * 1e6 / args.rows
         print(f"{name} CPU during the snapshot: {per_row:.2f} us/row (median)")
+    print(f"parser peak RSS: {max(r.parser_peak for r in ours) / 2**20:.0f} MiB (largest of the runs)")
     return 0
 
 
@@ -208,6 +213,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=300_000)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--chunk-rows", type=int, default=4096)
+    ap.add_argument("--keyless", action="store_true", help="the table has no key (pages of one consistent read)")
     run_in_workdir(run, ap.parse_args(), "binlake-bench-")
 
 

@@ -22,7 +22,9 @@ VERSION: Final = 1
 REF_VERSION: Final = 2  # a reference to an object holding a version-1 envelope (`shared.objects`)
 REPLACE: Final = "replace"  # a keyless table's snapshot begins here: it replaces the table's rows before it
 REPLACED: Final = "replaced"  # ... and is complete here (every `r` row of it came before)
-OPS: Final = frozenset({"i", "u", "d", "r", REPLACE, REPLACED, "ddl", "hb"})
+ABANDONED: Final = "abandoned"  # ... or will not complete (it failed): its `r` rows count for nothing
+SNAPSHOT_MARKS: Final = (REPLACE, REPLACED, ABANDONED)  # rowless events of a keyless table's snapshot
+OPS: Final = frozenset({"i", "u", "d", "r", *SNAPSHOT_MARKS, "ddl", "hb"})
 ROW_OPS: Final = frozenset({"i", "u", "d", "r"})  # the ops that carry rows
 REQUIRED: Final = ("v", "source", "op", "ts", "pos", "scn", "txn")
 

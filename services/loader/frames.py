@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from services.loader.naming import lake_column, reserved_column
 from services.loader.types import to_array
-from shared.envelope import REPLACE, REPLACED, ROW_OPS
+from shared.envelope import ROW_OPS, SNAPSHOT_MARKS
 
 BOOK_PREFIX = "_binlake_"
 PREV = "_binlake_prev_"
@@ -111,8 +111,8 @@ class Ddl:
 
 @dataclass(frozen=True)
 class Replace:
-    """A keyless table's snapshot begins (`replace`: the fold discards the table's rows before it)
-    or is complete (`replaced`: its rows may be merged)."""
+    """A keyless table's snapshot begins (`replace`: the fold discards the table's rows before it),
+    is complete (`replaced`: its rows may be merged) or will not complete (`abandoned`)."""
 
     seq: int
     env: dict[str, Any]
@@ -160,13 +160,13 @@ def group(events: Iterable[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str],
     out: dict[tuple[str, str], TableChanges] = {}
     for seq, env in events:
         op, db, table = env["op"], env.get("db"), env.get("table")
-        if table is None or op not in ROW_OPS | {"ddl", REPLACE, REPLACED}:
+        if table is None or op not in ROW_OPS | {"ddl", *SNAPSHOT_MARKS}:
             continue
         changes = out.setdefault((db or "", table), TableChanges(db or "", table))
-        if op in (REPLACE, REPLACED):
+        env = lake_columns(env)
+        if op in SNAPSHOT_MARKS:
             changes.steps.append(Replace(seq, env))
             continue
-        env = lake_columns(env)
         if op == "ddl":
             changes.steps.append(Ddl(seq, env))
             continue

@@ -64,6 +64,7 @@ from services.loader.naming import (
 )
 from services.loader.resnapshots import Request, Resnapshots, request_id
 from services.loader.tables import LakeTable, ReservedColumn, arrow_to_spark, lake_source
+from shared.envelope import REPLACE
 from shared.errors import HeldTableRenamed
 
 T = TypeVar("T")
@@ -100,6 +101,7 @@ class Lake:
         self._tables: dict[tuple[str, str], LakeTable | None] = {}
         self._views = self.views
         self._renamed: dict[tuple[str, str], int] = {}  # (db, table) -> scn of its last RENAME away
+        self._renames_done: set[tuple[str, str, str, str, int]] = set()  # (old, new, scn) pairs applied
         self.cuts = Cuts(self.spark, self.ice, self.catalog)
         self._cut_now = False  # a RENAME moved a table the newest cut names: publish one at the end of the unit
         self._replaying: tuple[str, str] | None = None  # the held table `_retry` applies the kept changes of
@@ -135,8 +137,10 @@ class Lake:
         if last and int(last[0][0]) < self.committed:  # stopped while re-applying after a rewind
             self.replay_until = self.committed
         self.ice.create(self.holds.ident, self.holds.columns, {})
-        for r in self.spark.sql(f"SELECT old_db, old_table, max(scn) FROM {self.renames} GROUP BY 1, 2").collect():
-            self._renamed[(str(r[0]), str(r[1]))] = int(r[2])
+        for r in self.spark.sql(f"SELECT old_db, old_table, new_db, new_table, scn FROM {self.renames}").collect():
+            old, scn = (str(r[0]), str(r[1])), int(r[4])
+            self._renamed[old] = max(scn, self._renamed.get(old, -1))
+            self._renames_done.add((*old, str(r[2]), str(r[3]), scn))
         self.holds.load()
         self.retry_held()
         for ns in self.ice.namespaces():  # every table, so that un-merged tails are merged after a restart
@@ -306,7 +310,7 @@ class Lake:
             for step in changes.steps if changes is not None else []:
                 self._step(key, step, batch, set(), force=True)
             table = self.table(*key)
-            if table is not None:
+            if table is not None and not table.replace_open:  # an incomplete snapshot merges once complete
                 self.flush(table, batch)
             return 0
 
@@ -330,7 +334,11 @@ class Lake:
         if self._gone(db, name, int(step.env["scn"])):
             return 0
         if isinstance(step, Replace):
-            found = self.table(db, name)  # none yet: nothing to replace, the `r` rows create it
+            found = self.table(db, name)
+            if found is None and step.op == REPLACE and step.env.get("schema"):
+                # Created here, not by the first page: the snapshot is open (not merged, no cut) from
+                # the start, durably, whatever batch its pages come in.
+                found = self._create(db, name, step.env["schema"]["columns"], list(step.env.get("pk") or []))
             if found is not None and (step.env["scn"], step.seq) > found.appended.order:
                 found.record_replace(self.ice, step, batch, self.clock())
                 touched.add(key)
@@ -409,30 +417,33 @@ class Lake:
 
     def _rename_pairs(self, step: Ddl, batch: int, touched: set[tuple[str, str]]) -> None:
         self._check_rename(step)
+        scn = int(step.env["scn"])
         for old_db, old, new_db, new in step.alter["renames"]:
+            pair = (old_db, old, new_db, new, scn)
+            if pair in self._renames_done:
+                continue  # applied before (a redelivery, a rewind): a swap must not swap back
             source = self.table(old_db, old)
             target = self.table(new_db, new)
-            order = (int(step.env["scn"]), step.seq)
-            if target is not None and target.appended.order >= order:
-                continue  # done before a crash
-            if source is None:
-                continue  # nothing loaded under the old name: the new name starts fresh
-            self.flush(source, batch)
-            scn = int(step.env["scn"])
+            order = (scn, step.seq)
+            if source is not None and not (target is not None and target.appended.order >= order):
+                self.flush(source, batch)
+                if target is not None:  # what a dropped table of that name left behind
+                    target.drop(self.ice)
+                self.ice.create_namespace(TableNames(self.catalog, new_db, new).namespace)
+                source.rename(self.ice, TableNames(self.catalog, new_db, new))
+                self._tables[(old_db, old)] = None
+                self._tables[(new_db, new)] = source
+                source.record_ddl(self.ice, step, batch)
+                self.publish_view(source)
+                touched.add((new_db, new))
+                self._cut_now = True
+                self.log.info("lake.table_renamed", old=f"{old_db}.{old}", new=f"{new_db}.{new}")
+            # After the rename (a kill before it redoes the pair; one after finds the source gone). With
+            # nothing loaded under the old name the new name starts fresh, and the record still holds.
             self.spark.sql(f"INSERT INTO {self.renames} VALUES ({sql_string(old_db)}, {sql_string(old)}, "
                            f"{sql_string(new_db)}, {sql_string(new)}, {scn})")
             self._renamed[(old_db, old)] = max(scn, self._renamed.get((old_db, old), -1))
-            if target is not None:  # what a dropped table of that name left behind
-                target.drop(self.ice)
-            self.ice.create_namespace(TableNames(self.catalog, new_db, new).namespace)
-            source.rename(self.ice, TableNames(self.catalog, new_db, new))
-            self._tables[(old_db, old)] = None
-            self._tables[(new_db, new)] = source
-            source.record_ddl(self.ice, step, batch)
-            self.publish_view(source)
-            touched.add((new_db, new))
-            self._cut_now = True
-            self.log.info("lake.table_renamed", old=f"{old_db}.{old}", new=f"{new_db}.{new}")
+            self._renames_done.add(pair)
 
     # -- merges ------------------------------------------------------------------------------------
 

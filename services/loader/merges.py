@@ -15,12 +15,14 @@ table then holds `count + delta` copies of that row. The MERGE deletes every cop
 touched row and inserts the new number of copies, in one commit. A snapshot of a keyless table
 is a `replace` row, its `r` rows, then a `replaced` row (the parser reads it in pages of one
 consistent read, each page released by its own watermark window, so writes to the table go on
-between them). From the last `replace` that has its `replaced` on, the table is what follows it
-(the snapshot's rows and the changes after it), and the current table and every change before
-it are discarded (the MERGE deletes every row it holds). A `replace` not complete yet (a
-snapshot still running, or one the parser started over) is not folded: its `r` rows are left
-out, the other changes count as without it. The loader does not merge a table while its
-snapshot is incomplete (`LakeTable.replace_open`).
+between them). A `replace` is complete when the next of these marks after it is a `replaced`.
+From the last complete `replace` on, the table is what follows it (the snapshot's rows and the
+changes after it), and the current table and every change before it are discarded (the MERGE
+deletes every row it holds). The `r` rows of a `replace` not complete (still running, started
+over by a later `replace`, or `abandoned` by a parser that failed the table) are left out, the
+other changes count as without it; `r` rows before any `replace` (the snapshot created the lake
+table) count. The loader does not merge a table while its last `replace` is open
+(`LakeTable.replace_open`).
 
 `merge_sql` is what the loader runs; `live_sql` is the same fold as a query (the `__live`
 view, `binlake lake show`, `verify`, and time travel through `binlake lake as-of`).
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 from services.loader.frames import OP, PREV, ROW, SEQ
 from services.loader.naming import quote
-from shared.envelope import REPLACE, REPLACED
+from shared.envelope import REPLACE, REPLACED, SNAPSHOT_MARKS
 
 SCN = "_binlake_scn"
 DELETED = "_binlake_del"
@@ -55,7 +57,7 @@ class Fold:
 
 def _tail(f: Fold) -> str:
     scn, seq = f.after
-    ops = "'i', 'u', 'd', 'r'" if f.key else f"'i', 'u', 'd', 'r', '{REPLACE}', '{REPLACED}'"
+    ops = "'i', 'u', 'd', 'r'" if f.key else ", ".join(f"'{op}'" for op in ("i", "u", "d", "r", *SNAPSHOT_MARKS))
     cond = [f"{OP} IN ({ops})", f"({SCN} > {scn} OR ({SCN} = {scn} AND {SEQ} > {seq}))"]
     if f.upto is not None:
         uscn, useq = f.upto
@@ -118,24 +120,34 @@ def _keyed_live(f: Fold) -> str:
 
 
 _AT = f"named_struct('s', {SCN}, 'q', {SEQ})"  # a changelog row's source order, comparable
-_CUT = "SELECT 1 FROM marks WHERE cut IS NOT NULL"  # the tail replaces the current table
+_CUT = "SELECT 1 FROM cut WHERE at IS NOT NULL"  # the tail replaces the current table
 
 
 def _replaced(f: Fold) -> str:
-    """CTEs `tail_all` (with the marker rows), `marks` (`cut`: the last complete replace or NULL;
-    `open`: a later replace not complete yet, or NULL), `tail` (the changes after the cut, without
-    the open replace's rows) and `base` (the current table, empty when the tail replaces it)."""
+    """CTEs `tail_all` (with the marks), `marks` (each with the next one), `complete` (the replaces
+    whose next mark is a `replaced`: began, done), `cut` (the last complete replace, or NULL), `tail`
+    (the changes after the cut, `r` rows only of complete replaces or before any replace) and `base`
+    (the current table, empty when the tail replaces it)."""
     if not f.replacing:
         return f"tail AS ({_tail(f)}), base AS (SELECT {_cols(f, 'c.')} FROM {f.current} c)"
+    marks = ", ".join(f"'{op}'" for op in SNAPSHOT_MARKS)
+    order = f"{SCN}, {SEQ}"
+    after_cut = f"(cut.at IS NULL OR {_AT} > cut.at)"
+    k_at = f"named_struct('s', k.{SCN}, 'q', k.{SEQ})"
     return (
         f"tail_all AS ({_tail(f)}), "
-        f"ends AS (SELECT max(CASE WHEN {OP} = '{REPLACE}' THEN {_AT} END) AS began, "
-        f"max(CASE WHEN {OP} = '{REPLACED}' THEN {_AT} END) AS done FROM tail_all), "
-        f"marks AS (SELECT max(CASE WHEN t.{OP} = '{REPLACE}' AND {_AT} < e.done THEN {_AT} END) AS cut, "
-        f"CASE WHEN e.done IS NULL OR e.began > e.done THEN e.began END AS open "
-        f"FROM tail_all t CROSS JOIN ends e GROUP BY e.began, e.done), "
-        f"tail AS (SELECT t.* FROM tail_all t CROSS JOIN marks m WHERE t.{OP} NOT IN ('{REPLACE}', '{REPLACED}') "
-        f"AND (m.cut IS NULL OR {_AT} > m.cut) AND NOT (t.{OP} = 'r' AND m.open IS NOT NULL AND {_AT} > m.open)), "
+        f"marks AS (SELECT {_AT} AS at, {OP} AS op, lead({OP}) OVER (ORDER BY {order}) AS next_op, "
+        f"lead({_AT}) OVER (ORDER BY {order}) AS next_at FROM tail_all WHERE {OP} IN ({marks})), "
+        f"complete AS (SELECT at AS began, next_at AS done FROM marks WHERE op = '{REPLACE}' "
+        f"AND next_op = '{REPLACED}'), "
+        f"cut AS (SELECT max(began) AS at FROM complete), "
+        f"first AS (SELECT min(at) AS at FROM marks WHERE op = '{REPLACE}'), "
+        f"kept AS (SELECT t.* FROM tail_all t CROSS JOIN cut WHERE {after_cut}), "
+        f"tail AS (SELECT * FROM kept WHERE {OP} IN ('i', 'u', 'd') "
+        f"UNION ALL SELECT k.* FROM kept k CROSS JOIN first WHERE k.{OP} = 'r' "
+        f"AND (first.at IS NULL OR {k_at} < first.at) "
+        f"UNION ALL SELECT k.* FROM kept k LEFT SEMI JOIN complete c ON k.{OP} = 'r' "
+        f"AND {k_at} > c.began AND {k_at} < c.done), "
         f"base AS (SELECT {_cols(f, 'c.')} FROM {f.current} c WHERE NOT EXISTS ({_CUT}))"
     )
 
@@ -209,8 +221,9 @@ def live_sql(f: Fold) -> str:
 
 
 def open_replace_sql(f: Fold) -> str:
-    """The op of the tail's last `replace` or `replaced` row (none: no row)."""
-    return (f"SELECT {OP} FROM ({_tail(f)}) WHERE {OP} IN ('{REPLACE}', '{REPLACED}') "
+    """The op of the tail's last snapshot mark (none: no row)."""
+    marks = ", ".join(f"'{op}'" for op in SNAPSHOT_MARKS)
+    return (f"SELECT {OP} FROM ({_tail(f)}) WHERE {OP} IN ({marks}) "
             f"ORDER BY {SCN} DESC, {SEQ} DESC LIMIT 1")
 
 

@@ -117,6 +117,7 @@ def _empty(lake: Lake, table: LakeTable, marker: Marker) -> None:
         lake.ice.run_marked(marker, f"DELETE FROM {table.names.current}")
         table.merged = marker
     table.tail_rows, table.tail_since = 0, None
+    table.replacing = table.replace_open = False  # a snapshot running now is superseded (the parser begins again)
 
 
 def _alter(lake: Lake, table: LakeTable, ops: list[Mapping[str, Any]], marker: Marker) -> None:

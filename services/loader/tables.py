@@ -270,6 +270,8 @@ class LakeTable:
 
     def _record(self, ice: Iceberg, op: str, seq: int, env: Mapping[str, Any], batch: int, text: str | None,
                 rows: int, now: float) -> None:
+        if (int(env["scn"]), seq) <= self.appended.order:
+            return  # recorded before (a redelivery): the marker never goes back
         pos = env.get("pos") or {}
         row = {"_binlake_op": op, "_binlake_seq": seq, "_binlake_row": 0, "_binlake_scn": int(env["scn"]),
                "_binlake_ts": int(env.get("ts") or 0), "_binlake_pos": f"{pos.get('file')}:{pos.get('offset')}",

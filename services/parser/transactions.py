@@ -235,8 +235,12 @@ class Assembler:
         for mark in marks:
             if self._txn is None:
                 raise DecodeError(f"snapshot of {table.db}.{table.table} at {file}:{start} outside a transaction")
-            self._push(self._env(mark, table.db, table.table, file, start, self.scn(file, start), ts, chunk),
-                       None, None)
+            env = self._env(mark, table.db, table.table, file, start, self.scn(file, start), ts, chunk)
+            if mark == envelope.REPLACE:  # with the table's columns: a consumer without the table creates it here
+                env["pk"] = list(table.pk)
+                self._push(env, table.packed, table.id)
+            else:
+                self._push(env, None, None)
             chunk += 1
         if marks and not changes:
             return self._drain_before_last()

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.envelope import ROW_OPS
+from shared.envelope import REPLACE, ROW_OPS
 from shared.errors import ConfigError
 from shared.mysql_types import BINARIES, TEXTS
 
@@ -196,14 +196,15 @@ class Rules:
             return env
         if op == "ddl":
             return _reshape_ddl(env, table_rules, self.salt)
-        if op not in ROW_OPS:
+        if op not in ROW_OPS and op != REPLACE:  # a keyless snapshot's `replace` carries the table's schema
             return env
         pk = set(env.get("pk") or ())
         keep = _kept_columns(env, table_rules, pk)
         masks = table_rules.masks
-        rows = [{image: _reshape(values, keep, masks, self.salt) for image, values in row.items()}
-                for row in env["rows"]]
-        out = {**env, "rows": rows}
+        out = dict(env)
+        if "rows" in env:
+            out["rows"] = [{image: _reshape(values, keep, masks, self.salt) for image, values in row.items()}
+                           for row in env["rows"]]
         if "schema" in env:
             out["schema"] = _reshape_schema(env["schema"], keep, masks)
         return out

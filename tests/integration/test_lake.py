@@ -175,6 +175,15 @@ def test_a_keyless_snapshot_in_pages_is_merged_once_complete_and_a_restarted_one
     want = Counter({(1, "x"): 1, (3, "z"): 1})
     assert current(restarted, "d", "k") == want and live(restarted, "d", "k") == want
     assert restarted.cuts.newest == b[-1][0]
+    # A third snapshot fails half-way (`abandoned`): its rows count for nothing, merges and cuts go on.
+    b = [f.replace(), f.env("r", [{"after": x}], cols, []), f.env("i", [{"after": y}], cols, [])]
+    restarted.apply(b[-1][0], b)
+    assert restarted.cuts.newest < b[-1][0]
+    b = [f.replaced(op="abandoned"), f.env("i", [{"after": y}], cols, [])]
+    restarted.apply(b[-1][0], b)
+    want += Counter({(2, "y"): 2})
+    assert current(restarted, "d", "k") == want and live(restarted, "d", "k") == want
+    assert restarted.cuts.newest == b[-1][0]
 
 
 def test_add_column_default_rename_modify_and_truncate(lake_factory):
@@ -386,3 +395,106 @@ def test_units_delivered_again_rebuild_a_lost_table_and_leave_the_others_exact(l
     restarted.merge_all()
     assert restarted.cuts.newest == unit[-1][0] > cut
     assert current(restarted, "d", "t") == keyed + Counter({(9, "new"): 1})
+
+
+K = [N, V]
+
+
+def test_the_first_snapshot_of_a_keyless_table_the_lake_lacks_is_not_merged_or_cut_until_complete(lake_factory):
+    """The `replace` (with the table's columns) creates the lake table: a merge after every batch
+    neither merges a partial snapshot nor publishes a cut, and a row deleted between the pages is
+    not brought back by a later page."""
+    lake = lake_factory(MergePolicy(rows=1, age_s=10**9), name="fresh")
+    f = Feed(table="k")
+    x, y = {"n": 1, "v": "x"}, {"n": 2, "v": "y"}
+    for unit in ([f.replace(columns=K)], [f.env("r", [{"after": x}], K, [])], [f.env("d", [{"before": y}], K, [])]):
+        lake.apply(unit[-1][0], unit)
+        assert lake.cuts.newest == 0 and current(lake, "d", "k") == Counter()
+    unit = [f.env("r", [{"after": y}], K, []), f.replaced()]
+    lake.apply(unit[-1][0], unit)
+    assert current(lake, "d", "k") == Counter({(1, "x"): 1}) == live(lake, "d", "k")
+    assert lake.cuts.newest == unit[-1][0]
+
+
+def test_the_rows_of_an_attempt_started_over_never_count(lake_factory):
+    lake = lake_factory(name="again")
+    f = Feed(table="k")
+    x, y = {"n": 1, "v": "x"}, {"n": 2, "v": "y"}
+    unit = [f.env("i", [{"after": x}, {"after": y}], K, [])]
+    lake.apply(unit[-1][0], unit)
+    lake.merge_all()
+    unit = [f.replace(), f.env("r", [{"after": x}], K, []),  # the parser died after a page
+            f.replace(), f.env("r", [{"after": x}], K, [])]  # the next attempt, one page so far
+    lake.apply(unit[-1][0], unit)
+    assert live(lake, "d", "k") == Counter({(1, "x"): 1, (2, "y"): 1})
+
+
+def test_a_held_keyless_table_tried_again_mid_snapshot_is_merged_once_complete(lake_factory):
+    lake = lake_factory(name="heldsnap")
+    f = Feed(table="k")
+    x, y, z = {"n": 1, "v": "x"}, {"n": 2, "v": "y"}, {"n": 3, "v": "z"}
+    unit = [f.env("i", [{"after": x}, {"after": y}], K, [])]
+    lake.apply(unit[-1][0], unit)
+    lake.merge_all()
+    unit = [f.replace(), f.env("r", [{"after": x}], K, [])]
+    lake.apply(unit[-1][0], unit)
+    lake._set_aside(("d", "k"), "set aside by the test", unit[-1][0])
+    unit = [f.env("i", [{"after": z}], K, [])]
+    lake.apply(unit[-1][0], unit)  # kept
+    assert lake.retry_held() == ["d.k"]
+    unit = [f.env("r", [{"after": y}], K, []), f.replaced()]
+    lake.apply(unit[-1][0], unit)
+    lake.merge_all()
+    assert current(lake, "d", "k") == Counter({(1, "x"): 1, (2, "y"): 1, (3, "z"): 1})
+
+
+def test_a_truncate_during_an_unfinished_snapshot_lets_merges_and_cuts_go_on(lake_factory):
+    lake = lake_factory(name="truncsnap")
+    f = Feed(table="k")
+    x = {"n": 1, "v": "x"}
+    unit = [f.env("i", [{"after": x}], K, [])]
+    lake.apply(unit[-1][0], unit)
+    lake.merge_all()
+    unit = [f.replace(), f.env("r", [{"after": x}], K, [])]  # the parser dies here, then a TRUNCATE
+    lake.apply(unit[-1][0], unit)
+    unit = [f.ddl("TRUNCATE TABLE k", {"kind": "truncate", "ops": [], "renames": []}),
+            f.env("i", [{"after": {"n": 5, "v": "new"}}], K, [])]
+    lake.apply(unit[-1][0], unit)
+    lake.merge_all()
+    assert lake.cuts.newest == lake.committed
+    assert current(lake, "d", "k") == Counter({(5, "new"): 1})
+
+
+@pytest.mark.parametrize("keyless", [False, True])
+def test_a_swap_and_renames_back_delivered_again_change_nothing(lake_factory, keyless):
+    """RENAME TABLE a TO tmp, b TO a, tmp TO b, then a rename away and back: delivered again (a kill
+    after the commits record, a rewind) each pair is recognised as applied, not swapped back."""
+    lake = lake_factory(name=f"swap{int(keyless)}")
+    f = Feed()
+    cols, pk = ([N, V], []) if keyless else ([ID, V], ["id"])
+    key = "n" if keyless else "id"
+
+    def renames(sql: str, pairs: list[list[str]], tables: list[str]) -> list[tuple[int, dict[str, Any]]]:
+        seq, env = f.ddl(sql, {"kind": "rename", "ops": [], "renames": pairs}, table=tables[0])
+        out = [(seq, env)] + [(seq + 1 + i, {**env, "table": t}) for i, t in enumerate(tables[1:])]
+        f.seq += len(tables)
+        return out
+
+    units = [[f.env("i", [{"after": {key: 1, "v": "A"}}], cols, pk, table="a"),
+              f.env("i", [{"after": {key: 2, "v": "B"}}], cols, pk, table="b")],
+             renames("RENAME TABLE a TO tmp, b TO a, tmp TO b",
+                     [["d", "a", "d", "tmp"], ["d", "b", "d", "a"], ["d", "tmp", "d", "b"]], ["a", "b", "tmp"]),
+             [f.env("i", [{"after": {key: 3, "v": "C"}}], cols, pk, table="a")],
+             renames("RENAME TABLE a TO c", [["d", "a", "d", "c"]], ["a", "c"]),
+             renames("RENAME TABLE c TO a", [["d", "c", "d", "a"]], ["c", "a"]),
+             [f.env("i", [{"after": {key: 4, "v": "D"}}], cols, pk, table="a")]]
+    for unit in units:
+        lake.apply(unit[-1][0], unit)
+    want_a, want_b = Counter({(2, "B"): 1, (3, "C"): 1, (4, "D"): 1}), Counter({(1, "A"): 1})
+    assert live(lake, "d", "a") == want_a and live(lake, "d", "b") == want_b
+    again = lake_factory(name=f"swap{int(keyless)}")
+    for unit in units:
+        again.apply(unit[-1][0], unit)
+    assert live(again, "d", "a") == want_a and live(again, "d", "b") == want_b
+    t = again.table("d", "a")
+    assert t is not None and again.spark.table(t.names.changelog).where("_binlake_op <> 'ddl'").count() == 3

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -56,7 +57,8 @@ from shared.subjects import Names
 MAX_ROW_BYTES = 1 << 30  # MariaDB's largest max_allowed_packet; a larger row goes to an object store
 MAX_RETRIES = 20  # windows read again in a row before a table fails
 RECONNECTS = 3  # lost snapshot connections in a row before the pipeline restarts
-_RETRY_CODES = frozenset({1205, 1213})  # lock wait timeout, deadlock: read the chunk again
+# lock wait timeout, deadlock, a consistent read begun before a DDL on its table: read the chunk again
+_RETRY_CODES = frozenset({1205, 1213, 1412})
 _GONE_CODES = frozenset({1146})  # the table was dropped under the SELECT
 _DECODE_ERRORS = (UnicodeError, LookupError, ValueError)
 
@@ -76,6 +78,7 @@ class _Read:
     rows: int
     last_key: list[Any] | None
     done: bool  # the table's last chunk
+    consistent: bool = False  # a page of a keyless table's consistent read
 
 
 async def _binlog_in_commit_order(cur: Any) -> bool:
@@ -166,6 +169,7 @@ class Snapshotter:
         self.dsn = MysqlUrl.parse(cfg.source_url)
         self.marks = Watermarks(cfg.watermark, cfg.source)
         self._pages: dict[str, _Pages] = {}  # keyless tables being read, by name
+        self._replacing: dict[str, TableShape] = {}  # keyless tables a `replace` may have gone out for
         self.limiter = RateLimiter(cfg.snapshot_max_rows_s)
         self.stats = DecodeStats()
         self._ensured = False
@@ -399,6 +403,11 @@ class Snapshotter:
                                           "or keeps being altered")
             except (FatalError, TableFailed) as exc:
                 # This table cannot be snapshotted; change capture and the other tables go on.
+                if sealed is not None:
+                    self.windows.close(sealed.wid)
+                    sealed = None
+                if (shape := self._replacing.get(p.name)) is not None:
+                    await self._abandon(conn, p, shape, slot)
                 p = self._stopped(p, snap.FAILED, str(exc))
                 commit = asyncio.create_task(self._commit(key, p, None, commit, rev, after_failure=True))
             if commit is not None:
@@ -409,6 +418,7 @@ class Snapshotter:
             if sealed is not None:
                 self.windows.close(sealed.wid)  # else the window would hold its rows forever
             self._drop_pages(p.name)
+            self._replacing.pop(p.name, None)
             self.windows.snapshotting -= 1
             self._shapes.pop(p.name, None)
             self._removed.pop(p.name, None)
@@ -492,7 +502,7 @@ class Snapshotter:
                 raise TableFailed(f"reading {p.name} failed: {exc.args[-1] if exc.args else exc}") from None
             self.windows.fill(wid, chunk)
             read = _Read(wid, outcome, shape, known[1] if known is not None else None, len(rows),
-                         last_key if rows else last, done)
+                         last_key if rows else last, done, chunk.consistent)
             return read
         finally:
             if read is None:
@@ -506,7 +516,8 @@ class Snapshotter:
             outcome = await self._await(read.outcome, p)
         finally:
             self.windows.close(read.wid)
-        if outcome.retry is None and read.known_mark is not None and outcome.ddl_mark != read.known_mark:
+        if outcome.retry is None and read.known_mark is not None and outcome.ddl_mark != read.known_mark \
+                and not read.consistent:  # a page: the table cannot change under its read (`Windows._close`)
             outcome = replace(outcome, retry=_STALE)  # a DDL between the describe and H: its rows may be off
         if outcome.retry:
             self._shapes.pop(p.name, None)
@@ -582,6 +593,7 @@ class Snapshotter:
             pages = None
         if pages is None:
             self._pages[name] = await self._begin_read(shape)
+            self._replacing[name] = shape
             return Chunk(shape.schema, (), [], marks=(envelope.REPLACE,))
         if pages.exhausted:
             return Chunk(shape.schema, (), [], marks=(envelope.REPLACED,), consistent=True)
@@ -632,6 +644,36 @@ class Snapshotter:
             conn.close()
             raise
         return _Pages(conn, cursor, shape)
+
+    async def _abandon(self, conn: Any, p: snap.TableProgress, shape: TableShape, slot: int) -> None:
+        """Tell consumers that the keyless snapshot begun by the last `replace` will not complete
+        (`abandoned`): they drop its rows, and binlake's loader merges the table again."""
+        loop = asyncio.get_running_loop()
+        for _ in range(3):  # read again only when a DDL came between the watermarks
+            outcome: asyncio.Future[Outcome] = loop.create_future()
+
+            def settle(result: Outcome, fut: asyncio.Future[Outcome] = outcome) -> None:
+                if not fut.done():
+                    fut.set_result(result)
+
+            def resolve(result: Outcome, settle: Callable[[Outcome], None] = settle) -> None:  # binlog thread
+                loop.call_soon_threadsafe(settle, result)
+
+            wid = f"{p.run}.abandoned.{secrets.token_hex(4)}"
+            self.windows.open(wid, p.db, p.table, resolve, slot)
+            try:
+                await self.marks.write(conn, slot, wid, LOW)
+                self.windows.fill(wid, Chunk(shape.schema, (), [], marks=(envelope.ABANDONED,), consistent=True))
+                await self.marks.write(conn, slot, wid, HIGH)
+                result = await self._await(outcome, p)
+            finally:
+                self.windows.close(wid)
+            if result.retry is None:
+                if result.scn is not None:
+                    await self.acked.wait_past(result.scn)
+                self.log.info("snapshot.abandoned", table=p.name)
+                return
+        self.log.warning("snapshot.abandon_failed", table=p.name, reason=result.retry)
 
     def _drop_pages(self, name: str) -> None:
         pages = self._pages.pop(name, None)

@@ -198,11 +198,14 @@ class Windows:
     def _close(w: Window, emit: Emit) -> Outcome:
         if not w.low_seen:
             return Outcome(retry="the low watermark was not seen")
-        if w.spoiled:
-            return Outcome(retry=w.spoiled)
         if w.chunk is None:
-            return Outcome(retry="the high watermark came before the chunk was read")
+            return Outcome(retry=w.spoiled or "the high watermark came before the chunk was read")
         chunk = w.chunk
+        # A page of a consistent read is the table at its `replace`, whatever came since: the read
+        # holds the table's metadata lock, so no DDL on it can run meanwhile, and a statement the
+        # binlog names no table for (GRANT, ANALYZE ...) must not begin a long read again.
+        if w.spoiled and not chunk.consistent:
+            return Outcome(retry=w.spoiled)
         if chunk.consistent:
             if not chunk.rows and not chunk.marks:
                 return Outcome()

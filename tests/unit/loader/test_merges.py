@@ -61,7 +61,7 @@ def test_only_the_before_images_the_fold_needs_are_read(key):
 @SQL
 def test_the_tail_starts_after_the_marker(make, key):
     sql = make(fold(key))
-    ops = "'i', 'u', 'd', 'r'" if key else "'i', 'u', 'd', 'r', 'replace', 'replaced'"  # keyless snapshots' marks
+    ops = "'i', 'u', 'd', 'r'" if key else "'i', 'u', 'd', 'r', 'replace', 'replaced', 'abandoned'"  # snapshot marks
     assert f"WHERE _binlake_op IN ({ops}) AND {AFTER_5_7}" in sql
     assert "_binlake_scn <" not in sql and "_binlake_seq <" not in sql  # no upper bound
 
@@ -169,18 +169,20 @@ def test_keyless_live_replaces_touched_rows_by_their_copies():
 
 
 def test_a_keyless_fold_starts_over_at_the_last_complete_replace():
-    """The tail after the last `replace` that has its `replaced`, without the `r` rows of a later
-    one still open; the current table counts only without a cut, and the merge deletes every row it
-    holds after one. (What these fold to: test_lake.py, on Spark.)"""
-    at = "named_struct('s', _binlake_scn, 'q', _binlake_seq)"
+    """The tail after the last `replace` whose next mark is its `replaced`, with `r` rows only of
+    complete replaces (or before any); the current table counts only without a cut, and the merge
+    deletes every row it holds after one. (What these fold to: test_lake.py, on Spark.)"""
     for sql in (merge_sql(fold([])), live_sql(fold([]))):
-        assert (f"max(CASE WHEN t._binlake_op = 'replace' AND {at} < e.done THEN {at} END) AS cut, "
-                "CASE WHEN e.done IS NULL OR e.began > e.done THEN e.began END AS open") in sql
-        assert (f"AND (m.cut IS NULL OR {at} > m.cut) AND NOT (t._binlake_op = 'r' AND m.open IS NOT NULL "
-                f"AND {at} > m.open)") in sql
+        assert ("marks AS (SELECT named_struct('s', _binlake_scn, 'q', _binlake_seq) AS at, _binlake_op AS op, "
+                "lead(_binlake_op) OVER (ORDER BY _binlake_scn, _binlake_seq) AS next_op") in sql
+        assert "WHERE _binlake_op IN ('replace', 'replaced', 'abandoned'))" in sql
+        assert "complete AS (SELECT at AS began, next_at AS done FROM marks WHERE op = 'replace' " \
+               "AND next_op = 'replaced')" in sql
+        assert "cut AS (SELECT max(began) AS at FROM complete)" in sql
+        assert "LEFT SEMI JOIN complete c ON k._binlake_op = 'r'" in sql
         assert f"base AS (SELECT {', '.join(f'c.{quote(c)}' for c in COLUMNS)} FROM {NAMES.current} c " \
-               "WHERE NOT EXISTS (SELECT 1 FROM marks WHERE cut IS NOT NULL))" in sql
-    assert f"FROM {NAMES.current} c WHERE EXISTS (SELECT 1 FROM marks WHERE cut IS NOT NULL)" in merge_sql(fold([]))
+               "WHERE NOT EXISTS (SELECT 1 FROM cut WHERE at IS NOT NULL))" in sql
+    assert f"FROM {NAMES.current} c WHERE EXISTS (SELECT 1 FROM cut WHERE at IS NOT NULL)" in merge_sql(fold([]))
     assert "replace" not in merge_sql(fold(KEY)) + live_sql(fold(KEY))
 
 
