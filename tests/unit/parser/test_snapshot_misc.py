@@ -266,6 +266,8 @@ def test_snapshot_marks_come_first_each_its_own_message_at_the_watermark(rows: i
     assert {e["scn"] for e in got} == {envelope.scn(F, 200)}
     assert len({m.msg_id for m in out}) == len(out)
     assert "rows" not in got[0] and got[-1]["txn"]["last"] is True  # type: ignore[index]
+    assert got[0]["schema"] == T.described and got[0]["pk"] == ["id"]  # a consumer without the table creates it
+    assert "schema" not in got[1]
 
 
 def test_snapshot_outside_a_transaction_is_a_decode_error() -> None:

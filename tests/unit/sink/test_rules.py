@@ -226,6 +226,15 @@ def test_columns_exclude_drops_columns_from_rows_and_schema():
     assert columns(out)["balance"] == USERS_SCHEMA["columns"][6]
 
 
+def test_a_keyless_snapshots_replace_gets_the_same_schema_as_its_rows():
+    """The `replace` carries the table's columns (a consumer without the table creates it there)."""
+    rules = Rules.build(columns_exclude={"shop.*": ["ssn", "avatar"]})
+    env = {k: v for k, v in envelope(op="replace").items() if k != "rows"}
+    out = shape(rules, env, rules.for_table("shop", "users"))
+    rows = shape(rules, envelope(op="r", rows=[{"after": user_row()}]), rules.for_table("shop", "users"))
+    assert "rows" not in out and out["schema"] == rows["schema"]
+
+
 def test_columns_include_keeps_only_listed_columns_and_the_primary_key():
     rules = Rules.build(columns_include={"shop.users": ["name", "email"]})
     env = envelope(op="d", rows=[{"before": user_row()}, {"before": user_row(id=2, name="Bo")}])
