@@ -106,6 +106,14 @@ class _Pages:
     def close(self) -> None:
         self.conn.close()  # without reading the rest: closing the socket ends the statement
 
+    def hold(self, paused: bool) -> None:
+        """Stop (or resume) reading the socket between pages. asyncmy (0.2) has no receive
+        backpressure: an idle unbuffered result would stream into its buffer whole; paused, the
+        kernel's socket buffer fills and the server waits (`net_write_timeout`)."""
+        transport = getattr(self.conn, "_transport", None)
+        if transport is not None and not transport.is_closing():
+            (transport.pause_reading if paused else transport.resume_reading)()
+
 
 @dataclass(frozen=True)
 class _Stop:
@@ -604,6 +612,7 @@ class Snapshotter:
         measure = bound or per_row
         rows: list[dict[str, Any]] = []
         size, step, limit = 0, 1024 if per_row is None else 1, self.cfg.snapshot_chunk_rows
+        pages.hold(False)
         while len(rows) < limit:
             many = await pages.cursor.fetchmany(min(step, limit - len(rows)))
             if not many:
@@ -619,6 +628,7 @@ class Snapshotter:
                 if size >= self.cfg.snapshot_chunk_bytes:
                     break
                 step = max(1, min(1024, (self.cfg.snapshot_chunk_bytes - size) // max(1, largest)))
+        pages.hold(True)
         if not rows:
             return Chunk(shape.schema, (), [], marks=(envelope.REPLACED,), consistent=True)
         return Chunk(shape.schema, (), rows, consistent=True)
@@ -643,7 +653,9 @@ class Snapshotter:
         except BaseException:
             conn.close()
             raise
-        return _Pages(conn, cursor, shape)
+        pages = _Pages(conn, cursor, shape)
+        pages.hold(True)  # until its first page
+        return pages
 
     async def _abandon(self, conn: Any, p: snap.TableProgress, shape: TableShape, slot: int) -> None:
         """Tell consumers that the keyless snapshot begun by the last `replace` will not complete
