@@ -40,6 +40,15 @@ from shared.envelope import REPLACE, REPLACED, SNAPSHOT_MARKS
 SCN = "_binlake_scn"
 DELETED = "_binlake_del"
 KIND = "_binlake_kind"
+_MARKS = ", ".join(f"'{op}'" for op in SNAPSHOT_MARKS)  # a keyless table's snapshot marks, as SQL
+
+
+def _at(alias: str = "") -> str:
+    """A changelog row's source order as one comparable value."""
+    return f"named_struct('s', {alias}{SCN}, 'q', {alias}{SEQ})"
+
+
+_AT = _at()
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,7 @@ class Fold:
 
 def _tail(f: Fold) -> str:
     scn, seq = f.after
-    ops = "'i', 'u', 'd', 'r'" if f.key else ", ".join(f"'{op}'" for op in ("i", "u", "d", "r", *SNAPSHOT_MARKS))
+    ops = "'i', 'u', 'd', 'r'" if f.key else f"'i', 'u', 'd', 'r', {_MARKS}"
     cond = [f"{OP} IN ({ops})", f"({SCN} > {scn} OR ({SCN} = {scn} AND {SEQ} > {seq}))"]
     if f.upto is not None:
         uscn, useq = f.upto
@@ -119,7 +128,6 @@ def _keyed_live(f: Fold) -> str:
 # -- tables without a key -------------------------------------------------------------------------
 
 
-_AT = f"named_struct('s', {SCN}, 'q', {SEQ})"  # a changelog row's source order, comparable
 _CUT = "SELECT 1 FROM cut WHERE at IS NOT NULL"  # the tail replaces the current table
 
 
@@ -130,14 +138,13 @@ def _replaced(f: Fold) -> str:
     (the current table, empty when the tail replaces it)."""
     if not f.replacing:
         return f"tail AS ({_tail(f)}), base AS (SELECT {_cols(f, 'c.')} FROM {f.current} c)"
-    marks = ", ".join(f"'{op}'" for op in SNAPSHOT_MARKS)
     order = f"{SCN}, {SEQ}"
     after_cut = f"(cut.at IS NULL OR {_AT} > cut.at)"
-    k_at = f"named_struct('s', k.{SCN}, 'q', k.{SEQ})"
+    k_at = _at("k.")
     return (
         f"tail_all AS ({_tail(f)}), "
         f"marks AS (SELECT {_AT} AS at, {OP} AS op, lead({OP}) OVER (ORDER BY {order}) AS next_op, "
-        f"lead({_AT}) OVER (ORDER BY {order}) AS next_at FROM tail_all WHERE {OP} IN ({marks})), "
+        f"lead({_AT}) OVER (ORDER BY {order}) AS next_at FROM tail_all WHERE {OP} IN ({_MARKS})), "
         f"complete AS (SELECT at AS began, next_at AS done FROM marks WHERE op = '{REPLACE}' "
         f"AND next_op = '{REPLACED}'), "
         f"cut AS (SELECT max(began) AS at FROM complete), "
@@ -222,8 +229,7 @@ def live_sql(f: Fold) -> str:
 
 def open_replace_sql(f: Fold) -> str:
     """The op of the tail's last snapshot mark (none: no row)."""
-    marks = ", ".join(f"'{op}'" for op in SNAPSHOT_MARKS)
-    return (f"SELECT {OP} FROM ({_tail(f)}) WHERE {OP} IN ({marks}) "
+    return (f"SELECT {OP} FROM ({_tail(f)}) WHERE {OP} IN ({_MARKS}) "
             f"ORDER BY {SCN} DESC, {SEQ} DESC LIMIT 1")
 
 

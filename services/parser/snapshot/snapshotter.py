@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -100,7 +99,6 @@ class _Pages:
         self.conn = conn
         self.cursor = cursor
         self.shape = shape
-        self.begun = False  # the window that began it was accepted (its `replace` emitted)
         self.exhausted = False
 
     def close(self) -> None:
@@ -455,19 +453,8 @@ class Snapshotter:
         Returns the chunk read (its window open, filled), a stop of the table, or why this read
         must be done again.
         """
-        loop = asyncio.get_running_loop()
-        outcome: asyncio.Future[Outcome] = loop.create_future()
-
-        def settle(result: Outcome) -> None:
-            if not outcome.done():
-                outcome.set_result(result)
-
-        def resolve(result: Outcome) -> None:  # called from the binlog thread
-            loop.call_soon_threadsafe(settle, result)
-
-        wid = f"{p.run}.{p.chunks}.{secrets.token_hex(4)}"
         known = self._shapes.get(p.name)
-        self.windows.open(wid, p.db, p.table, resolve, slot)
+        wid, outcome = self._window(p, slot, str(p.chunks))
         read: _Read | None = None
         try:
             await self.marks.write(conn, slot, wid, BOTH if sealed is not None else LOW)
@@ -482,9 +469,8 @@ class Snapshotter:
                     self.log.warning("snapshot.key_changed", table=p.name, old=sig, new=shape.key_sig)
                     last = None
                 if shape.key:
-                    rows, last_key, cut = await self._read(conn, shape, last)
+                    rows, last_key, done = await self._read(conn, shape, last)
                     chunk = Chunk(shape.schema, shape.key, rows)
-                    done = len(rows) < self.cfg.snapshot_chunk_rows and not cut
                 else:
                     chunk = await self._page(p.name, shape)
                     rows, last_key, done = chunk.rows, None, envelope.REPLACED in chunk.marks
@@ -538,9 +524,8 @@ class Snapshotter:
         shape = read.shape
         p = replace(p, key=list(shape.key), key_kind=shape.key_kind, key_sig=shape.key_sig,
                     estimate=max(p.estimate, shape.estimate))
-        if (pages := self._pages.get(p.name)) is not None and not pages.begun:
-            pages.begun = True
-            p = replace(p, rows=0)  # an earlier attempt's pages are replaced by this one's
+        if not shape.key and not read.consistent:  # a keyless read began (`replace`): it replaces earlier pages
+            p = replace(p, rows=0)
         p = p.advanced(last_key=read.last_key, rows=outcome.emitted, now_ms=now_ms(), done=read.done)
         p = replace(p, error=None)
         self._chunks.inc()
@@ -550,7 +535,7 @@ class Snapshotter:
     async def _read(self, conn: Any, shape: TableShape,
                     last_key: list[Any] | None) -> tuple[list[dict[str, Any]], list[Any] | None, bool]:
         """One chunk of a table with a key, in key order after `last_key`: its rows as `r` changes,
-        the key of the last one, and whether it was cut short at `snapshot_chunk_bytes`."""
+        the key of the last one, and whether it was the table's last (not cut short at the bytes)."""
         schema = shape.schema
         names = tuple(c.name for c in schema.columns)
         by_name = {c.name: (i, c) for i, c in enumerate(schema.columns)}
@@ -558,38 +543,17 @@ class Snapshotter:
         sql = chunk_sql(schema.db, schema.table, names, shape.key, after=last_key is not None,
                         limit=self.cfg.snapshot_chunk_rows, placeholders=tuple(placeholder(c) for _, c in key_cols))
         params = keyset_params(tuple(last_key)) if last_key is not None else []
-        unicode = reads_unicode(schema.columns)
-        decode = block_decoder(schema.columns, self.stats, unicode=unicode, wrap="after")
-        bound = row_size_check(schema.columns, self.max_row_bytes)
-        # Rows that could add up to more than the chunk's bytes are measured.
-        per_row = row_size_check(schema.columns, self.cfg.snapshot_chunk_bytes // self.cfg.snapshot_chunk_rows)
-        measure = bound or per_row  # (fixed, long) depends on the columns only: one measurement serves both
-        rows: list[dict[str, Any]] = []
-        raw: tuple[Any, ...] | None = None
-        size, cut, step = 0, False, 1024 if per_row is None else 1
-        budget = self.cfg.snapshot_chunk_bytes
-        read_unicode(conn, unicode)
+        read_unicode(conn, reads_unicode(schema.columns))
         try:
             async with conn.cursor(SSCursor) as cur:
                 await cur.execute(sql, params)
-                while many := await cur.fetchmany(step):  # one await per block of rows, not per row
-                    if measure is not None:
-                        total, largest = block_size(many, *measure)
-                        if bound is not None and largest > self.max_row_bytes:
-                            self._check_sizes(schema, many, *measure)
-                    rows.extend(decode(many))
-                    raw = many[-1]
-                    if per_row is not None:
-                        size += total
-                        if size >= budget:
-                            cut = True  # the rest of the chunk is read and dropped as the cursor closes
-                            break
-                        step = max(1, min(1024, (budget - size) // largest))  # the next block fits the budget
+                # Cut short at the bytes, the rest of the chunk is read and dropped as the cursor closes.
+                rows, raw, last = await self._fetch(cur, schema)
         finally:
             read_unicode(conn, False)
         if raw is None:
-            return rows, None, cut
-        return rows, [key_param(c, raw[i]) for i, c in key_cols], cut
+            return rows, None, last
+        return rows, [key_param(c, raw[i]) for i, c in key_cols], last
 
     async def _page(self, name: str, shape: TableShape) -> Chunk:
         """A keyless table's next window: the one that begins its consistent read (`replace`), a page
@@ -603,35 +567,45 @@ class Snapshotter:
             self._pages[name] = await self._begin_read(shape)
             self._replacing[name] = shape
             return Chunk(shape.schema, (), [], marks=(envelope.REPLACE,))
-        if pages.exhausted:
-            return Chunk(shape.schema, (), [], marks=(envelope.REPLACED,), consistent=True)
-        columns = shape.schema.columns
-        decode = block_decoder(columns, self.stats, unicode=reads_unicode(columns), wrap="after")
-        bound = row_size_check(columns, self.max_row_bytes)
-        per_row = row_size_check(columns, self.cfg.snapshot_chunk_bytes // self.cfg.snapshot_chunk_rows)
-        measure = bound or per_row
         rows: list[dict[str, Any]] = []
-        size, step, limit = 0, 1024 if per_row is None else 1, self.cfg.snapshot_chunk_rows
-        pages.hold(False)
-        while len(rows) < limit:
-            many = await pages.cursor.fetchmany(min(step, limit - len(rows)))
-            if not many:
-                pages.exhausted = True
-                break
-            if measure is not None:
-                total, largest = block_size(many, *measure)
-                if bound is not None and largest > self.max_row_bytes:
-                    self._check_sizes(shape.schema, many, *measure)
-            rows.extend(decode(many))
-            if per_row is not None:
-                size += total
-                if size >= self.cfg.snapshot_chunk_bytes:
-                    break
-                step = max(1, min(1024, (self.cfg.snapshot_chunk_bytes - size) // max(1, largest)))
-        pages.hold(True)
+        if not pages.exhausted:
+            pages.hold(False)
+            rows, _, pages.exhausted = await self._fetch(pages.cursor, shape.schema)
+            pages.hold(True)
         if not rows:
             return Chunk(shape.schema, (), [], marks=(envelope.REPLACED,), consistent=True)
         return Chunk(shape.schema, (), rows, consistent=True)
+
+    async def _fetch(self, cur: Any, schema: TableSchema) -> tuple[list[dict[str, Any]], tuple[Any, ...] | None, bool]:
+        """Rows of an unbuffered cursor as `r` changes, block by block: at most `snapshot_chunk_rows`,
+        ending early at `snapshot_chunk_bytes`. Returns them, the last raw row, and whether the
+        cursor ran out."""
+        columns = schema.columns
+        decode = block_decoder(columns, self.stats, unicode=reads_unicode(columns), wrap="after")
+        bound = row_size_check(columns, self.max_row_bytes)
+        # Rows that could add up to more than the chunk's bytes are measured.
+        per_row = row_size_check(columns, self.cfg.snapshot_chunk_bytes // self.cfg.snapshot_chunk_rows)
+        measure = bound or per_row  # (fixed, long) depends on the columns only: one measurement serves both
+        rows: list[dict[str, Any]] = []
+        raw: tuple[Any, ...] | None = None
+        size, step = 0, 1024 if per_row is None else 1
+        limit, budget = self.cfg.snapshot_chunk_rows, self.cfg.snapshot_chunk_bytes
+        while len(rows) < limit:
+            many = await cur.fetchmany(min(step, limit - len(rows)))  # one await per block of rows, not per row
+            if not many:
+                return rows, raw, True
+            if measure is not None:
+                total, largest = block_size(many, *measure)
+                if bound is not None and largest > self.max_row_bytes:
+                    self._check_sizes(schema, many, *measure)
+            rows.extend(decode(many))
+            raw = many[-1]
+            if per_row is not None:
+                size += total
+                if size >= budget:
+                    break
+                step = max(1, min(1024, (budget - size) // max(1, largest)))  # the next block fits the budget
+        return rows, raw, False
 
     async def _begin_read(self, shape: TableShape) -> _Pages:
         """A connection in a consistent read of the table, its SELECT sent (rows are fetched page by page)."""
@@ -657,35 +631,39 @@ class Snapshotter:
         pages.hold(True)  # until its first page
         return pages
 
+    def _window(self, p: snap.TableProgress, slot: int, tag: str) -> tuple[str, asyncio.Future[Outcome]]:
+        """Open a window on `p`'s table: its id, and the outcome the binlog thread settles at its H."""
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[Outcome] = loop.create_future()
+
+        def settle(result: Outcome) -> None:
+            if not outcome.done():
+                outcome.set_result(result)
+
+        def resolve(result: Outcome) -> None:  # called from the binlog thread
+            loop.call_soon_threadsafe(settle, result)
+
+        wid = f"{p.run}.{tag}.{secrets.token_hex(4)}"
+        self.windows.open(wid, p.db, p.table, resolve, slot)
+        return wid, outcome
+
     async def _abandon(self, conn: Any, p: snap.TableProgress, shape: TableShape, slot: int) -> None:
         """Tell consumers that the keyless snapshot begun by the last `replace` will not complete
         (`abandoned`): they drop its rows, and binlake's loader merges the table again."""
-        loop = asyncio.get_running_loop()
-        for _ in range(3):  # read again only when a DDL came between the watermarks
-            outcome: asyncio.Future[Outcome] = loop.create_future()
-
-            def settle(result: Outcome, fut: asyncio.Future[Outcome] = outcome) -> None:
-                if not fut.done():
-                    fut.set_result(result)
-
-            def resolve(result: Outcome, settle: Callable[[Outcome], None] = settle) -> None:  # binlog thread
-                loop.call_soon_threadsafe(settle, result)
-
-            wid = f"{p.run}.abandoned.{secrets.token_hex(4)}"
-            self.windows.open(wid, p.db, p.table, resolve, slot)
-            try:
-                await self.marks.write(conn, slot, wid, LOW)
-                self.windows.fill(wid, Chunk(shape.schema, (), [], marks=(envelope.ABANDONED,), consistent=True))
-                await self.marks.write(conn, slot, wid, HIGH)
-                result = await self._await(outcome, p)
-            finally:
-                self.windows.close(wid)
-            if result.retry is None:
-                if result.scn is not None:
-                    await self.acked.wait_past(result.scn)
-                self.log.info("snapshot.abandoned", table=p.name)
-                return
-        self.log.warning("snapshot.abandon_failed", table=p.name, reason=result.retry)
+        wid, outcome = self._window(p, slot, "abandoned")
+        try:
+            await self.marks.write(conn, slot, wid, LOW)
+            self.windows.fill(wid, Chunk(shape.schema, (), [], marks=(envelope.ABANDONED,), consistent=True))
+            await self.marks.write(conn, slot, wid, HIGH)
+            result = await self._await(outcome, p)
+        finally:
+            self.windows.close(wid)
+        if result.retry is not None:  # only when the binlog never showed its low watermark
+            self.log.warning("snapshot.abandon_failed", table=p.name, reason=result.retry)
+            return
+        if result.scn is not None:
+            await self.acked.wait_past(result.scn)
+        self.log.info("snapshot.abandoned", table=p.name)
 
     def _drop_pages(self, name: str) -> None:
         pages = self._pages.pop(name, None)

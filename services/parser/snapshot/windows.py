@@ -206,12 +206,8 @@ class Windows:
         # binlog names no table for (GRANT, ANALYZE ...) must not begin a long read again.
         if w.spoiled and not chunk.consistent:
             return Outcome(retry=w.spoiled)
-        if chunk.consistent:
-            if not chunk.rows and not chunk.marks:
-                return Outcome()
-            return Outcome(emitted=len(chunk.rows), scn=emit(chunk.schema, chunk.rows, chunk.marks))
         if not chunk.key:
-            if w.changed:
+            if w.changed and not chunk.consistent:
                 # The consistent read began somewhere between L and H: whether it saw a change made
                 # there is unknown, so the `replace` cannot be placed; begin it again.
                 return Outcome(retry="the table changed while its consistent read began, and it has no key")
