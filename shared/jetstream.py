@@ -323,9 +323,13 @@ class StreamIdentity:
 
 
 async def stream_identity(js: JetStreamContext, stream: str) -> StreamIdentity:
-    """The current definition of `stream` (NatsUnavailable when it cannot be asked)."""
+    """The current definition of `stream` (NatsUnavailable when it cannot be asked, or is missing:
+    an operator's reset deletes it and `binlake init` defines it again a moment later)."""
     with nats_errors(f"stream {stream}"):
-        info = await js.stream_info(stream)
+        try:
+            info = await js.stream_info(stream)
+        except nats.js.errors.NotFoundError as exc:
+            raise NatsUnavailable(f"stream {stream} does not exist; waiting for it (binlake init defines it)") from exc
     created = info.created.isoformat() if info.created is not None else ""
     return StreamIdentity(created, int(info.state.first_seq), int(info.state.last_seq))
 

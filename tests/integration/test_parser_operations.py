@@ -598,11 +598,21 @@ def test_sigterm_during_a_publish_burst_stops_the_parser(mariadb: MariaDB, datab
         code = parser.stop(timeout=20)
         assert code == 0, f"attempt {attempt + 1}: SIGTERM did not stop the parser (exit {code}):\n" \
             f"{parser.output[-3000:]}"
-    start_parser(parser_factory, nats_url, log_name="final.log", **env)
+    final = start_parser(parser_factory, nats_url, log_name="final.log", **env)
     total = 8 * batch
     # One message per single-row transaction: the cheap count first (reading 40,000 messages on
     # every poll took the CPU the parser needed to publish them), then the rows themselves.
-    wait_until(lambda: asyncio.run(_stored_count(nats_url)) >= total, 300, f"{total} messages", interval=1)
+    stored: list[int] = []
+
+    def published() -> bool:
+        stored.append(asyncio.run(_stored_count(nats_url)))
+        return stored[-1] >= total or not final.running
+
+    try:
+        wait_until(published, 300, f"{total} messages", interval=1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {stored[-1]} stored; the parser said:\n{final.output[-4000:]}") from None
+    assert final.running, f"the parser exited with {final.returncode}:\n{final.output[-4000:]}"
     def all_rows() -> list[StoredMsg] | None:
         msgs = read_all(nats_url)
         return msgs if count_rows(msgs, database) >= total else None
