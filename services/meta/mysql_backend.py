@@ -7,7 +7,9 @@ Cursors: `binlake_cursors(name, value, revision)`; compare-and-set is a conditio
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncmy
@@ -57,20 +59,24 @@ class MysqlBackend:
             self._pool = None
 
     async def _execute(self, sql: str, args: tuple[Any, ...] = ()) -> int:
-        async with self._pool.acquire() as conn, conn.cursor() as cur:
-            try:
-                await cur.execute(sql, args)
-            except asyncmy.errors.OperationalError as exc:
-                raise SourceUnavailable(f"meta database: {exc!r}") from exc
+        async with self._cursor() as cur:
+            await cur.execute(sql, args)
             return int(cur.rowcount)
 
     async def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        async with self._pool.acquire() as conn, conn.cursor() as cur:
-            try:
-                await cur.execute(sql, args)
-            except asyncmy.errors.OperationalError as exc:
-                raise SourceUnavailable(f"meta database: {exc!r}") from exc
+        async with self._cursor() as cur:
+            await cur.execute(sql, args)
             return list(await cur.fetchall())
+
+    @contextlib.asynccontextmanager
+    async def _cursor(self) -> AsyncIterator[Any]:
+        """A cursor of a pooled connection; the database away (also when the pool connects again) is
+        SourceUnavailable, which callers retry."""
+        try:
+            async with self._pool.acquire() as conn, conn.cursor() as cur:
+                yield cur
+        except (asyncmy.errors.OperationalError, asyncmy.errors.InterfaceError, OSError) as exc:
+            raise SourceUnavailable(f"meta database unreachable: {exc!r}") from exc
 
     async def get(self, key: str) -> CursorEntry | None:
         rows = await self._query("SELECT value, revision FROM binlake_cursors WHERE name = %s", (key,))
