@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from shared.errors import BinlakeError, NatsUnavailable
+from shared.health import Conditions
 from shared.jetstream import TRANSIENT
 
 
@@ -54,38 +55,62 @@ WAIT_MAX_S = 5.0
 """The longest pause between tries at a condition that `waits`: its end is soon noticed."""
 
 
+RECOVERED_S = 30.0
+"""A restarted or waiting actor that then runs this long without failing is healthy again."""
+
+
 async def supervise_call(
-    run: Callable[[], Awaitable[None]], policy: RestartPolicy, log: Any
+    run: Callable[[], Awaitable[None]], policy: RestartPolicy, log: Any,
+    health: Conditions | None = None, name: str = "",
 ) -> None:
-    """Run `run` (an actor's loop), restarting it on retriable errors within the policy's budget."""
+    """Run `run` (an actor's loop), restarting it on retriable errors within the policy's budget.
+
+    With `health`, the actor's failure is the condition `name` (its reason on `/healthz`) from
+    its first failure until a try has run RECOVERED_S without one."""
     failures: list[float] = []
     waits = 0
-    while True:
-        try:
+    loop = asyncio.get_running_loop()
+    recovered: asyncio.TimerHandle | None = None
+    try:
+        while True:
+            if health is not None and (failures or waits):
+                recovered = loop.call_later(RECOVERED_S, health.clear, name)
             try:
-                await run()
-                return
-            except TRANSIENT as exc:  # a NATS call no one wrapped: the bus is away, not the actor broken
-                raise NatsUnavailable(f"NATS: {exc!r}") from exc
-        except BinlakeError as exc:
-            if exc.retriable and exc.waits:
-                waits += 1
-                delay = min(policy.delay(waits), WAIT_MAX_S)
-                # Said at once, then about once a minute: the reason stays on /healthz meanwhile.
-                (log.error if waits % 12 == 1 else log.debug)(
-                    "actor.waiting", attempt=waits, delay_s=round(delay, 2), error=type(exc).__name__,
-                    reason=str(exc))
-                await asyncio.sleep(delay)
-                continue
-            waits = 0
-            now = time.monotonic()
-            failures = [t for t in failures if now - t < policy.window_s] + [now]
-            if not exc.retriable or len(failures) > policy.max_restarts:
-                raise
-            delay = policy.delay(len(failures))
-            log.warning("actor.restart", attempt=len(failures), delay_s=round(delay, 2),
-                        error=type(exc).__name__, reason=str(exc))
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                try:
+                    await run()
+                    return
+                except TRANSIENT as exc:  # a NATS call no one wrapped: the bus is away, not the actor broken
+                    raise NatsUnavailable(f"NATS: {exc!r}") from exc
+            except BinlakeError as exc:
+                if recovered is not None:
+                    recovered.cancel()
+                if health is not None:
+                    health.set(name, f"{name}: {exc}")
+                if exc.retriable and exc.waits:
+                    waits += 1
+                    delay = min(policy.delay(waits), WAIT_MAX_S)
+                    # Said at once, then about once a minute: the reason stays on /healthz meanwhile.
+                    (log.error if waits % 12 == 1 else log.debug)(
+                        "actor.waiting", attempt=waits, delay_s=round(delay, 2), error=type(exc).__name__,
+                        reason=str(exc))
+                    await asyncio.sleep(delay)
+                    continue
+                waits = 0
+                now = time.monotonic()
+                failures = [t for t in failures if now - t < policy.window_s] + [now]
+                if not exc.retriable or len(failures) > policy.max_restarts:
+                    raise
+                delay = policy.delay(len(failures))
+                log.warning("actor.restart", attempt=len(failures), delay_s=round(delay, 2),
+                            error=type(exc).__name__, reason=str(exc))
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+    except asyncio.CancelledError:
+        if health is not None:
+            health.clear(name)  # stopped here (a rebalance, a stop): not this process's problem any more
+        raise
+    finally:
+        if recovered is not None:
+            recovered.cancel()
 
 
 async def run_all(tasks: Iterable[Callable[[], Awaitable[None]]]) -> None:

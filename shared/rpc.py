@@ -21,11 +21,15 @@ from nats.aio.subscription import Subscription
 
 from shared import clients
 from shared.errors import BinlakeError, NatsUnavailable, StoreFull
+from shared.health import Conditions
 from shared.subjects import INBOX_PREFIX, subject_matches
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 STREAM_REDEFINED = "stream_redefined"  # a reply's code: the stream a cursor counts in was defined again
 NO_ROOM = "no_room"  # a reply's code: JetStream refused a write the service had to make for want of room
+SERVICE_PROBLEMS = frozenset({"unavailable", "failed", NO_ROOM, STREAM_REDEFINED})
+"""Reply codes that say the service cannot do its work (for `/healthz`), not that the request was wrong."""
+PROBLEM_TTL_S = 120.0  # a failed request's condition, unless one on its subject is answered sooner
 MAX_IN_FLIGHT = 1024  # requests one subscription answers at once; more are refused as `unavailable`
 MAX_PER_CALLER = 64  # of those, what one caller (`serve`'s `caller`) may have: no client starves the others
 log = structlog.get_logger()
@@ -108,7 +112,8 @@ INBOX = re.compile(rf"(?:{INBOX_PREFIX}|_R_)\.[^\s*>]+")
 async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
                 split_fields: tuple[str, ...] = (),
                 bind: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
-                caller: Callable[[str], str | None] | None = None) -> Subscription:
+                caller: Callable[[str], str | None] | None = None,
+                health: Conditions | None = None) -> Subscription:
     """Answer requests on `subject` with `handler`; errors become `{"ok": false}` replies.
 
     With `split_fields`, a reply larger than the connection's max_payload is sent as several
@@ -116,7 +121,8 @@ async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
     `bind(subject, request)` checks a request against the subject it came on, before `handler`.
     `caller(subject)` names who asks (a store client, by its subject, which only it may publish
     on): one caller has at most MAX_PER_CALLER requests in flight, so its long polls never fill
-    the MAX_IN_FLIGHT every caller shares.
+    the MAX_IN_FLIGHT every caller shares. `health`: a request the service could not answer for
+    its own reasons (not the caller's) is reported there until one on its subject is answered.
     """
     limit = max(1024, nc.max_payload - 64 * 1024) if nc.max_payload else 900 * 1024
 
@@ -144,6 +150,11 @@ async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
         except Exception as exc:  # a bug must still answer, or the client waits for its timeout
             log.error("rpc.crashed", subject=msg.subject, error=repr(exc), exc_info=True)
             reply = {"ok": False, "code": "failed", "error": f"internal error: {exc!r}"}
+        if health is not None:
+            if reply.get("ok"):
+                health.clear(msg.subject)
+            elif reply.get("code") in SERVICE_PROBLEMS:
+                health.set(msg.subject, f"{msg.subject}: {reply.get('error')}", ttl_s=PROBLEM_TTL_S)
         if not split_fields or not reply.get("ok"):
             await msg.respond(pack(reply))
             return

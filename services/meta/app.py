@@ -18,6 +18,7 @@ from services.meta.rewind import Rewinder
 from services.meta.server import MetaServer
 from shared import jetstream
 from shared.actor import run_all
+from shared.health import Conditions
 from shared.metrics import Registry
 from shared.service import runtime
 from shared.subjects import Names
@@ -28,7 +29,8 @@ log = structlog.get_logger()
 async def main(cfg: MetaConfig) -> None:
     registry = Registry()
     names = Names(cfg.prefix)
-    async with runtime(cfg, "meta", registry) as nc:
+    health = Conditions()
+    async with runtime(cfg, "meta", registry, problem=health.problem) as nc:
         js = nc.jetstream(prefix=cfg.nats_api_prefix)
         backend: MetaBackend = (KvBackend(js, names.cursors_bucket, names.schema_bucket, cfg.replicas)
                                 if cfg.backend == "kv" else MysqlBackend(cfg.meta_mysql_url))
@@ -36,7 +38,7 @@ async def main(cfg: MetaConfig) -> None:
         try:
             await jetstream.ensure_streams(js, names, cfg.partitions, cfg.replicas, streams=("cdc",),
                                            limits=cfg.limits)  # rewind reads it
-            meta = MetaServer(nc, cfg.prefix, backend, Rewinder(js, names, backend))
+            meta = MetaServer(nc, cfg.prefix, backend, Rewinder(js, names, backend), health)
             await meta.start()
             log.info("meta.start", backend=cfg.backend)
 

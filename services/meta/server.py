@@ -15,14 +15,18 @@ from services.meta.backend import Conflict, MetaBackend, SchemaRecord
 from services.meta.history import schema_at
 from services.meta.rewind import Rewinder
 from shared.config import SOURCE_NAME
+from shared.health import Conditions
 from shared.mysql import MAX_IDENTIFIER
 from shared.rpc import BadRequest, RpcError, require, require_client, serve
 from shared.subjects import Names
 
 
 class MetaServer:
-    def __init__(self, nc: NATS, prefix: str, backend: MetaBackend, rewinder: Rewinder) -> None:
+    def __init__(self, nc: NATS, prefix: str, backend: MetaBackend, rewinder: Rewinder,
+                 health: Conditions | None = None) -> None:
+        """`health`: where requests it cannot answer (its backend away) are reported."""
         self._nc = nc
+        self._health = health
         self._prefix = prefix
         self._backend = backend
         self._rewinder = rewinder
@@ -35,7 +39,8 @@ class MetaServer:
             "schema.history": self.schema_history, "rewind": self.rewind,
         }
         for verb, handler in handlers.items():
-            self._subs.append(await serve(self._nc, Names(self._prefix).meta_rpc(verb), handler, queue="meta"))
+            self._subs.append(await serve(self._nc, Names(self._prefix).meta_rpc(verb), handler, queue="meta",
+                                          health=self._health))
 
     async def stop(self) -> None:
         for sub in self._subs:

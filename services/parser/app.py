@@ -58,8 +58,9 @@ async def main(cfg: ParserConfig) -> None:
                 try:
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(lease.keep())
-                        tg.create_task(supervise_call(pipeline.run, cfg.restart, pipeline.log))
-                        tg.create_task(supervise_call(recorder.run, recorder_restart, recorder.log))
+                        tg.create_task(supervise_call(pipeline.run, cfg.restart, pipeline.log, conditions, "pipeline"))
+                        tg.create_task(supervise_call(recorder.run, recorder_restart, recorder.log, conditions,
+                                                    "schema recorder"))
                         tg.create_task(reporter.run())
                         tg.create_task(watch.watch())
                 except* LeaseLost as eg:

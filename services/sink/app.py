@@ -44,6 +44,6 @@ async def main(cfg: SinkConfig) -> None:
         if (counts := await counter.count()) is not None:
             tables.set(counts)  # the first split already spreads the tables
         coordinator = Coordinator(view, tables, keys.member(cfg.source, cfg.instance), cfg.partitions, make_worker,
-                                  cfg.restart, registry)
+                                  cfg.restart, registry, conditions)
         log.info("sink.start", instance=membership.key, partitions=cfg.partitions)
         await run_all([membership.run, counter.run, coordinator.run])

@@ -16,12 +16,14 @@ import structlog
 from services.sink.partition import PartitionHalted, PartitionWorker
 from shared.actor import Latest, RestartPolicy, supervise_call
 from shared.assignment import owned
+from shared.health import Conditions
 from shared.metrics import Registry
 
 
 class Coordinator:
     def __init__(self, view: Latest[frozenset[str]], tables: Latest[dict[int, int]], me: str, partitions: int,
-                 make_worker: Callable[[int], PartitionWorker], restart: RestartPolicy, registry: Registry) -> None:
+                 make_worker: Callable[[int], PartitionWorker], restart: RestartPolicy, registry: Registry,
+                 health: Conditions | None = None) -> None:
         self._view = view
         self._tables = tables
         self._members: frozenset[str] | None = None
@@ -29,6 +31,7 @@ class Coordinator:
         self._n = partitions
         self._make = make_worker
         self._restart = restart
+        self._health = health
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self.halted: set[int] = set()
         self._rebalances = registry.counter("sink_rebalances_total", "Changes of this worker's partition set")
@@ -79,7 +82,7 @@ class Coordinator:
     async def _partition(self, p: int) -> None:
         worker = self._make(p)
         try:
-            await supervise_call(worker.run, self._restart, worker.log)
+            await supervise_call(worker.run, self._restart, worker.log, self._health, f"partition {p}")
         except PartitionHalted:
             self.halted.add(p)
             self._halted_gauge.set(1, partition=str(p))

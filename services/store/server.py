@@ -25,6 +25,7 @@ from services.store import batches
 from shared import cas, envelope, jetstream, keys, objects
 from shared.clients import ClientState
 from shared.errors import StreamRedefined
+from shared.health import Conditions
 from shared.meta_client import Conflict, MetaClient
 from shared.metrics import Registry
 from shared.ordered_reader import OrderedReader
@@ -68,8 +69,10 @@ class _Position:
 class StoreServer:
     def __init__(self, nc: NATS, js: JetStreamContext, names: Names, source: str, meta: MetaClient,
                  registry: Registry, max_batch_rows: int, *, max_batch_bytes: int = 64 * 1024 * 1024,
-                 prefetch_bytes: int | None = None) -> None:
+                 prefetch_bytes: int | None = None, health: Conditions | None = None) -> None:
+        """`health`: where requests it cannot answer (its stream unreadable, meta away) are reported."""
         self._nc = nc
+        self._health = health
         self._js = js
         self._names = names
         self._source = source
@@ -98,10 +101,11 @@ class StoreServer:
             split = ("events", "seqs") if verb == "get" else ()
             # `<verb>` serves any client (operators' tools); `<verb>.<client>` only the client it
             # names, so that NATS permissions can give an application just its own subjects.
-            self._subs.append(await serve(self._nc, base, self._counted(handler), queue="store", split_fields=split))
+            self._subs.append(await serve(self._nc, base, self._counted(handler), queue="store", split_fields=split,
+                                          health=self._health))
             self._subs.append(await serve(self._nc, f"{base}.*", self._counted(handler), queue="store",
                                           split_fields=split, bind=self._own_client,
-                                          caller=self._names.client_of_store_rpc))
+                                          caller=self._names.client_of_store_rpc, health=self._health))
 
     def _own_client(self, subject: str, req: dict[str, Any]) -> dict[str, Any]:
         named = self._names.client_of_store_rpc(subject)

@@ -26,6 +26,7 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from services.launcher.processes import ROOT, ServiceProcess, clean_env
+from services.launcher.servers import free_port
 from services.meta.backend import Conflict, CursorEntry, MetaBackend, SchemaRecord
 from services.meta.kv_backend import KvBackend
 from services.meta.mysql_backend import MysqlBackend
@@ -34,7 +35,7 @@ from shared.errors import NatsUnavailable
 from shared.meta_client import MetaClient
 from shared.rpc import RpcError
 from shared.store_client import StoreClient
-from tests.integration.support import StoredMsg, read_stream
+from tests.integration.support import StoredMsg, http_get, read_stream
 from tests.servers import MariaDB
 
 BACKENDS = ["kv", "mysql"]
@@ -672,3 +673,27 @@ async def test_status_shows_the_client_cursors_of_either_backend(
     assert out.returncode == 0, out.stderr
     assert "my app/ü: acked=0 delivered=0 unacked=0 filter=.*" in out.stdout, out.stdout
     assert "meta is not answering" not in out.stdout
+
+
+@pytest.mark.timeout(180)
+async def test_meta_says_on_healthz_while_its_mysql_backend_is_away(mariadb, meta_db, service_factory, nats_url):
+    port = free_port()
+    meta = service_factory("services.meta", "meta", BINLAKE_BACKEND="mysql", BINLAKE_METRICS_PORT=str(port),
+                           BINLAKE_META_MYSQL_URL=mariadb.dsn(database=meta_db))
+    healthz = f"http://127.0.0.1:{port}/healthz"
+    nc = await nats.connect(nats_url)
+    try:
+        mc = MetaClient(nc, timeout_s=20)
+        await meta_ready(mc, meta)
+        assert await asyncio.to_thread(http_get, healthz) == (200, "ok\n")
+        await asyncio.to_thread(mariadb.stop)
+        with pytest.raises(RpcError) as info:
+            await mc.get("client.main.away")
+        assert info.value.code == "unavailable", info.value
+        code, body = await asyncio.to_thread(http_get, healthz)
+        assert code == 503 and "cursor.get" in body, body
+        await asyncio.to_thread(mariadb.start)
+        await meta_ready(mc, meta)  # it answers again
+        assert await asyncio.to_thread(http_get, healthz) == (200, "ok\n")
+    finally:
+        await nc.close()

@@ -13,6 +13,7 @@ import pytest
 from nats.js.api import DiscardPolicy
 
 from services.launcher.processes import ServiceProcess
+from services.launcher.servers import free_port
 from shared import objects
 from shared.subjects import DEFAULT_PARTITIONS, Names
 from tests.integration.support import (
@@ -20,6 +21,7 @@ from tests.integration.support import (
     assert_table_order,
     binlake_cli,
     count_rows,
+    http_get,
     read_stream_sync,
     replay,
     row_changes,
@@ -329,8 +331,10 @@ def test_a_running_sink_halts_the_partitions_of_a_raw_stream_defined_under_it(ma
     db = database
     mariadb.execute(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY)",
                     *(f"INSERT INTO `{db}`.t VALUES ({i})" for i in range(1, 21)))
-    a = sink_factory("a", BINLAKE_CURSOR_INTERVAL_S="0.2")
+    port = free_port()
+    a = sink_factory("a", BINLAKE_CURSOR_INTERVAL_S="0.2", BINLAKE_METRICS_PORT=str(port))
     wait_until(lambda: count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) >= 20, 60, "20 rows in CDC")
+    assert http_get(f"http://127.0.0.1:{port}/healthz") == (200, "ok\n")
     asyncio.run(_define_raw_again(nats_url))  # the parser and the sink keep running
     mariadb.execute(*(f"INSERT INTO `{db}`.t VALUES ({i})" for i in range(21, 26)))
     wait_until(lambda: count_rows(read_stream_sync(nats_url), db) >= 5, 60, "5 new rows in the new RAW")
@@ -338,3 +342,5 @@ def test_a_running_sink_halts_the_partitions_of_a_raw_stream_defined_under_it(ma
     time.sleep(2)
     assert count_rows(read_stream_sync(nats_url, "BINLAKE_CDC"), db) == 20, "the new stream's rows were published"
     assert a.running  # halted partitions, not a crashed worker
+    code, body = http_get(f"http://127.0.0.1:{port}/healthz")
+    assert code == 503 and "partition" in body and "BINLAKE_RAW was deleted and defined again" in body, body

@@ -26,6 +26,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from services.launcher.processes import ServiceProcess
+from services.launcher.servers import free_port
 from services.store.config import StoreConfig
 from services.store.server import EXTEND
 from shared import envelope, jetstream
@@ -35,7 +36,7 @@ from shared.rpc import RpcError
 from shared.store_client import Batch, StoreClient
 from shared.subjects import Names
 from tests.integration.conftest import ParserFactory
-from tests.integration.support import StoredMsg, binlake_cli, read_stream
+from tests.integration.support import StoredMsg, binlake_cli, http_get, read_stream
 from tests.servers import MariaDB, NatsServer
 
 T = TypeVar("T")
@@ -51,6 +52,7 @@ class Stack:
     db: str
     meta: ServiceProcess
     store: ServiceProcess
+    store_port: int = 0  # of /metrics and /healthz
 
     def table_filter(self, table: str = "t") -> str:
         return rf"{re.escape(self.db)}\.{table}"
@@ -140,9 +142,10 @@ async def services(
         # meta creates BINLAKE_CDC first: started together, the store may crash on the creation race
         # (see test_store_retention_survives_the_stream_creation_race)
         await wait_services(nc, meta)
-        store = service_factory("services.store", "store")
+        port = free_port()
+        store = service_factory("services.store", "store", BINLAKE_METRICS_PORT=str(port))
         await wait_services(nc, meta, store)
-        yield Stack(nats_url, nc, mariadb, database, meta, store)
+        yield Stack(nats_url, nc, mariadb, database, meta, store, port)
     finally:
         await nc.close()
 
@@ -491,14 +494,19 @@ async def test_a_client_ahead_of_a_stream_defined_again_halts_until_rewound_to_i
     await stack.sql(*inserts(db, 31, 5))
     after = await stack.wait_cdc(5)
     assert after[-1].seq < 30  # the new stream's sequences are all at or below the client's position
+    healthz = f"http://127.0.0.1:{stack.store_port}/healthz"
+    assert await asyncio.to_thread(http_get, healthz) == (200, "ok\n")
     for _ in range(2):  # and it stays halted
         with pytest.raises(StreamRedefined) as err:
             await c.get(max_rows=5)
         assert "BINLAKE_CDC was deleted and defined again" in str(err.value)
         assert "binlake rewind reset --to-start" in str(err.value)
+    code, body = await asyncio.to_thread(http_get, healthz)  # the store cannot serve the client: it says so
+    assert code == 503 and "BINLAKE_CDC was deleted and defined again" in body, body
     done = await asyncio.to_thread(binlake_cli, stack.nats_url, "rewind", "reset", "--to-start")
     assert done.returncode == 0, done.stderr
     assert ids_of(events_of(await drain(c))) == list(range(31, 36))
+    assert await asyncio.to_thread(http_get, healthz) == (200, "ok\n")
 
 
 @pytest.mark.timeout(240)
