@@ -8,13 +8,22 @@ URL it hides in.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
 import structlog.tracebacks
+
+from shared.errors import ConfigError
+
+LOG_FORMAT_ENV = "BINLAKE_LOG_FORMAT"
+"""`console`, `json` or `auto` (console on a terminal): `log_style`."""
+LOG_COLOR_ENV = "BINLAKE_LOG_COLOR"
+"""`1`: colour the console form also when standard error is not a terminal (`binlake up` sets it
+for its children when its own output is a colour terminal)."""
 
 _SECRET_KEYS = re.compile(r"pass(word)?|secret|token|credential|salt|nkey", re.IGNORECASE)
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^/\s]*)@")
@@ -37,23 +46,46 @@ def redact_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableM
     return event
 
 
+def log_style(env: Mapping[str, str] | None = None, tty: bool | None = None) -> tuple[bool, bool]:
+    """(JSON?, colours?) from BINLAKE_LOG_FORMAT / BINLAKE_LOG_COLOR and whether stderr is a terminal."""
+    env = os.environ if env is None else env
+    tty = sys.stderr.isatty() if tty is None else tty
+    style = env.get(LOG_FORMAT_ENV, "auto").strip().lower() or "auto"
+    if style not in ("auto", "json", "console"):
+        raise ConfigError(f"{LOG_FORMAT_ENV} must be console, json or auto (console on a terminal), got {style!r}")
+    json = style == "json" or (style == "auto" and not tty)
+    colors = not json and "NO_COLOR" not in env and (tty or env.get(LOG_COLOR_ENV) == "1")
+    return json, colors
+
+
+def _drop_service(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    event.pop("service", None)
+    return event
+
+
 def configure(service: str, level: str = "info", json: bool | None = None) -> None:
-    """Configure structlog once per process and bind `service`."""
+    """Configure structlog once per process and bind `service`: JSON lines for machines, one
+    compact line per event for people (`log_style`)."""
+    colors = False
     if json is None:
-        json = not sys.stderr.isatty()
-    renderer: Any = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
-    )
+        json, colors = log_style()
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.TimeStamper(fmt="iso", utc=True) if json else
+        structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
         redact_secrets,
     ]
     if json:
         # Never render frame locals: they hold DSNs and passwords.
         processors.append(structlog.processors.ExceptionRenderer(
             structlog.tracebacks.ExceptionDictTransformer(show_locals=False)))
+        renderer: Any = structlog.processors.JSONRenderer()
+    else:
+        # Whoever reads a console knows the service (`binlake up` puts its name before each line).
+        processors.append(_drop_service)
+        renderer = structlog.dev.ConsoleRenderer(colors=colors, pad_event_to=0, pad_level=False,
+                                                 exception_formatter=structlog.dev.plain_traceback)
     processors.append(renderer)
     structlog.configure(
         processors=processors,

@@ -52,8 +52,8 @@ def run_service(service: str, load: Callable[[], C], amain: Callable[[C], Awaita
                 rows_gc: bool = False) -> None:
     """Load the config, run `amain(config)` and turn its outcome into an exit code; `rows_gc`:
     see `tune_gc_for_rows`."""
-    configure(service)
     try:
+        configure(service)
         cfg = load()
     except ConfigError as exc:
         print(f"binlake {service}: configuration error: {exc}", file=sys.stderr)

@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import shutil
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -45,6 +46,7 @@ from services.launcher.spark_cluster import SparkCluster, spark_cluster
 from services.ops import init
 from shared.actor import run_all
 from shared.errors import ConfigError
+from shared.logging import LOG_COLOR_ENV, LOG_FORMAT_ENV
 from shared.mysql import MysqlUrl
 from shared.subjects import Names
 
@@ -87,6 +89,9 @@ def child_env(cfg: LauncherConfig, data: Path, nats_url: str, *, private_source:
     env.update(BINLAKE_NATS_URL=nats_url, BINLAKE_SOURCE_URL_FILE=str(source.url_file(data)), BINLAKE_SOURCE=cfg.source,
                BINLAKE_PREFIX=cfg.prefix, BINLAKE_LOG_LEVEL=cfg.log_level, BINLAKE_METRICS_PORT="0",
                BINLAKE_DATA_DIR=str(data), BINLAKE_REPLICAS=str(cfg.replicas))
+    if LOG_FORMAT_ENV not in env and sys.stdout.isatty():
+        # Their lines reach a person's terminal through ours (`children.copy_lines`).
+        env.update({LOG_FORMAT_ENV: "console", LOG_COLOR_ENV: "1"})
     if private_source:
         env.setdefault("BINLAKE_START", "earliest")
     env.setdefault("BINLAKE_FLUSH_S", "2")  # a fresh lake soon after a change, unless the caller says otherwise

@@ -114,7 +114,7 @@ class PartitionWorker:
         fence = SubjectFence(self._js, self._names.cdc_stream, self._s.publish_timeout_s, self._stream_id,
                              atomic=await jetstream.allows_atomic(self._js, self._names.cdc_stream),
                              conditions=self._conditions)
-        self.log.info("partition.start", cursor=self._cursor, atomic_batches=fence.atomic)
+        self.log.debug("partition.start", cursor=self._cursor, atomic_batches=fence.atomic)  # sink.rebalance sums up
         try:
             opens = 0
             while True:

@@ -364,7 +364,7 @@ def test_filters_columns_and_masks_end_to_end_and_reconfiguration(mariadb, datab
 
 @pytest.mark.timeout(90)
 def test_sink_stops_promptly_on_sigterm(nats_url, sink_factory):
-    sink = sink_factory("stopper")
+    sink = sink_factory("stopper", BINLAKE_LOG_LEVEL="debug")  # partition.start is a debug line
     wait_until(lambda: sink.output.count('"partition.start"') == 16 or not sink.running, 20, "16 partitions")
     assert sink.running, sink.output
     # Idle partitions keep polling their empty raw subjects (each poll ends in a timeout); none of

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import structlog
 
-from shared.logging import configure, redact, redact_secrets
+from shared.errors import ConfigError
+from shared.logging import configure, log_style, redact, redact_secrets
 
 
 @pytest.mark.parametrize(
@@ -93,3 +94,37 @@ def test_tracebacks_do_not_render_secret_locals(json_logging):
     text = json.dumps(read())
     assert "source.failed" in text
     assert "hunter2" not in text
+
+
+@pytest.mark.parametrize(
+    ("env", "tty", "style"),
+    [
+        ({}, True, (False, True)),
+        ({}, False, (True, False)),
+        ({"BINLAKE_LOG_FORMAT": "json"}, True, (True, False)),
+        ({"BINLAKE_LOG_FORMAT": "console"}, False, (False, False)),
+        ({"BINLAKE_LOG_FORMAT": "console", "BINLAKE_LOG_COLOR": "1"}, False, (False, True)),  # under `binlake up`
+        ({"NO_COLOR": ""}, True, (False, False)),
+    ],
+)
+def test_log_style(env: dict[str, str], tty: bool, style: tuple[bool, bool]) -> None:
+    assert log_style(env, tty) == style
+
+
+def test_an_unknown_log_format_names_the_choices() -> None:
+    with pytest.raises(ConfigError, match="BINLAKE_LOG_FORMAT must be console, json or auto"):
+        log_style({"BINLAKE_LOG_FORMAT": "xml"}, False)
+
+
+def test_the_console_form_is_one_line_per_event_without_the_service(capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BINLAKE_LOG_FORMAT", "console")
+    configure("sink")
+    try:
+        structlog.get_logger().info("sink.rebalance", owned=[1, 2], password="hunter2")
+        line = capsys.readouterr().err
+    finally:
+        structlog.reset_defaults()
+        structlog.contextvars.clear_contextvars()
+    assert line.count("\n") == 1 and "sink.rebalance" in line and "owned=[1, 2]" in line, line
+    assert "service" not in line and "hunter2" not in line and not line.startswith("{"), line
