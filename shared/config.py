@@ -151,15 +151,15 @@ class NatsSettings:
     is presented to servers that ask for one. Secrets can come from files (`*_FILE`).
     """
 
-    nats_url: str = "nats://127.0.0.1:4222"
-    nats_user: str = ""
-    nats_password: str = ""
-    nats_token: str = ""
-    nats_creds: str = ""
-    nats_nkey_seed: str = ""
-    nats_tls_ca: str = ""
-    nats_tls_cert: str = ""
-    nats_tls_key: str = ""
+    nats_url: str = "nats://127.0.0.1:4222"  # nats:// or tls:// URL(s) of the NATS servers, comma-separated
+    nats_user: str = ""  # NATS user name (with BINLAKE_NATS_PASSWORD)
+    nats_password: str = ""  # NATS password (BINLAKE_NATS_PASSWORD_FILE keeps it out of the environment)
+    nats_token: str = ""  # NATS token login
+    nats_creds: str = ""  # a creds file (JWT and nkey seed, as nsc writes it)
+    nats_nkey_seed: str = ""  # a file holding an nkey seed
+    nats_tls_ca: str = ""  # CA file the servers are verified against (else the system's CAs)
+    nats_tls_cert: str = ""  # client certificate file, for servers that ask for one (with BINLAKE_NATS_TLS_KEY)
+    nats_tls_key: str = ""  # the client certificate's key file
     # Replies come to `<nats_inbox>.<id>`: a user confined to its own inbox prefix cannot read
     # the replies of another (deploy/nats/permissions.conf gives each user `_INBOX_<user>`).
     nats_inbox: str = "_INBOX"
@@ -200,28 +200,29 @@ class NatsSettings:
 class ServiceConfig(NatsSettings):
     """Settings every service has; each service's config extends it."""
 
-    prefix: str = "binlake"
-    source: str = "main"
-    partitions: int = DEFAULT_PARTITIONS  # of BINLAKE_RAW: fixed when the stream is created
-    replicas: int = 1  # of every stream and bucket binlake creates (3 on a JetStream cluster)
+    prefix: str = "binlake"  # names of every stream, bucket and subject start with it (letters, digits, _ and -)
+    source: str = "main"  # the source's name: in subjects, cursors and the envelope (letters, digits, _ and -)
+    partitions: int = DEFAULT_PARTITIONS  # partitions of BINLAKE_RAW: fixed when the stream is created
+    replicas: int = 1  # copies of every stream and bucket binlake creates (3 on a JetStream cluster)
+    # this process's name in leases and membership; unique per running process
     instance: str = field(default_factory=default_instance)
-    metrics_host: str = "127.0.0.1"  # this machine only; 0.0.0.0 to be scraped from elsewhere
-    metrics_port: int = 0  # 0 picks a free port; -1 disables
-    max_restarts: int = 8
-    restart_window_s: float = 120.0
-    restart_base_delay_s: float = 0.5
-    log_level: str = "info"
+    # where /metrics and /healthz listen: this machine only; 0.0.0.0 to be scraped from elsewhere
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0  # port of /metrics and /healthz: 0 picks a free one; -1: none
+    max_restarts: int = 8  # transient failures tolerated within BINLAKE_RESTART_WINDOW_S before the process exits
+    restart_window_s: float = 120.0  # the window BINLAKE_MAX_RESTARTS counts in, in seconds
+    restart_base_delay_s: float = 0.5  # first pause before an actor restarts; doubles per failure
+    log_level: str = "info"  # debug, info, warning or error
     # What BINLAKE_RAW, BINLAKE_CDC and BINLAKE_DLQ keep: age in seconds (0 = no limit) and bytes
     # (-1 = no limit); the oldest messages go first. Applied by `binlake init`; a service that
     # creates a stream creates it with them. A message removed before the sink or a reader got
     # to it is reported as a gap, never skipped in silence.
     raw_max_age_s: float = RAW_LIMITS[0]
-    raw_max_bytes: int = RAW_LIMITS[1]
-    cdc_max_age_s: float = CDC_LIMITS[0]
-    cdc_max_bytes: int = CDC_LIMITS[1]
-    dlq_max_age_s: float = DLQ_LIMITS[0]
-    dlq_max_bytes: int = DLQ_LIMITS[1]
-
+    raw_max_bytes: int = RAW_LIMITS[1]  # BINLAKE_RAW's size limit in bytes (-1: none)
+    cdc_max_age_s: float = CDC_LIMITS[0]  # BINLAKE_CDC's age limit in seconds (0: none)
+    cdc_max_bytes: int = CDC_LIMITS[1]  # BINLAKE_CDC's size limit in bytes (-1: none)
+    dlq_max_age_s: float = DLQ_LIMITS[0]  # BINLAKE_DLQ's age limit in seconds (0: none: dead letters wait for a person)
+    dlq_max_bytes: int = DLQ_LIMITS[1]  # BINLAKE_DLQ's size limit in bytes (-1: none)
     def __post_init__(self) -> None:
         super().__post_init__()
         for stream in STREAMS:

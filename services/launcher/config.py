@@ -12,19 +12,19 @@ from shared.errors import ConfigError
 
 @dataclass(frozen=True)
 class LauncherConfig:
-    data_dir: str = ".binlake"
-    source_url: str = ""  # empty: run a private source server (`private_source`) with the right binlog settings
+    data_dir: str = ".binlake"  # everything binlake up keeps: NATS, the private source, logins, the lake
+    source_url: str = ""  # the source (mysql://...); empty: a private server (`private_source`) with the right settings
     private_source: str = "mariadb"  # the private server's kind: mariadb, or mysql (`binlake setup mysql` first)
-    source: str = "main"
+    source: str = "main"  # the source's name (BINLAKE_SOURCE of the services)
     nats_port: int = 4222  # taken when free, else a free port (remembered in the data dir)
-    mariadb_port: int = 3306
-    prefix: str = "binlake"
-    sinks: int = 2
+    mariadb_port: int = 3306  # the private source's port, taken when free, else a free one
+    prefix: str = "binlake"  # names of every stream, bucket and subject start with it
+    sinks: int = 2  # sink workers to run
     nats_cluster: int = 1  # NATS nodes; 3 (or more) runs a JetStream cluster on loopback with R3 streams
     spark_workers: int = 0  # 0: the loader runs Spark in local mode; N: a standalone master and N workers
     demo: bool = False  # also run a sample workload and print the lake table as it changes
     snapshot_tables: str = ""  # regex over db.table: the parser snapshots matching tables on first sight
-    log_level: str = "info"
+    log_level: str = "info"  # the services' log level: debug, info, warning or error
     # JetStream's storage limit per NATS node, e.g. 20G (K, M, G, T: powers of 1024); empty: three
     # quarters of what the data directory's disk has for it (free space plus what JetStream holds)
     nats_max_store: str = ""

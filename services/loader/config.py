@@ -16,18 +16,18 @@ from shared.errors import ConfigError
 class LoaderConfig(config.ServiceConfig):
     client: str = "loader"  # the store client name (its cursor is the loader's position)
     filter: str = ".*"  # db.table regex of the tables to load
-    master: str = "local[*]"
-    data_dir: str = ".binlake"
+    master: str = "local[*]"  # Spark master: local[*], spark://host:7077, ...
+    data_dir: str = ".binlake"  # where the lake lives unless BINLAKE_WAREHOUSE says otherwise
     warehouse: str = ""  # lake root; default <data_dir>/lake (any Hadoop URI works)
     catalog: str = "lake"  # the Iceberg catalog's name in Spark SQL: <catalog>.<db>.<table>
     catalog_type: str = "hadoop"  # hadoop | jdbc | rest | hive (Iceberg catalog types)
     catalog_uri: str = ""  # jdbc:mysql://..., http://..., thrift://...
     catalog_options: dict[str, str] = field(default_factory=dict)  # more spark.sql.catalog.<catalog>.* settings
-    batch_rows: int = 50_000
+    batch_rows: int = 50_000  # rows the loader asks the store for per batch
     batch_bytes: int = 64 * 1024 * 1024  # a batch from the store holds at most this many bytes of events
-    flush_s: float = 5.0
-    merge_rows: int = 1_000_000  # merge the changelog tail into the current table at this many rows...
-    merge_s: float = 300.0  # ...or when its oldest change is this old
+    flush_s: float = 5.0  # a batch waits at most this long for more rows
+    merge_rows: int = 1_000_000  # merge the changelog into the current table at this many rows, or at BINLAKE_MERGE_S
+    merge_s: float = 300.0  # merge the changelog when its oldest change is this old (seconds)
     maintenance_s: float = 3600.0  # compaction and snapshot expiry every so often (0: never)
     keep_snapshots_s: float = 7 * 86400.0  # time travel window (older snapshots expire)
     retry_held_s: float = 600.0  # a table set aside is tried again this often (and at every start)
@@ -36,7 +36,7 @@ class LoaderConfig(config.ServiceConfig):
     # A Spark properties file the driver reads (spark-submit's --properties-file): settings kept
     # off command lines, e.g. a standalone cluster's spark.authenticate.secret.
     spark_properties: str = ""
-    lease_ttl_s: float = 15.0
+    lease_ttl_s: float = 15.0  # one loader per client writes: a standby takes over this long after it stops
     metrics_port: int = 9105
     restart_window_s: float = 300.0
     restart_base_delay_s: float = 1.0

@@ -13,27 +13,26 @@ from shared.subjects import fnv1a32
 
 @dataclass(frozen=True, kw_only=True)
 class ParserConfig(config.ServiceConfig):
-    source_url: str
-    server_id: int = 0  # 0: derived from the source name
+    source_url: str  # mysql://user:password@host:3306 of the source (BINLAKE_SOURCE_URL_FILE for a file)
+    server_id: int = 0  # the replica's server_id at the source (0: derived from the source name)
     start: str = "current"  # where a parser with an empty stream begins: current | earliest
     heartbeat_s: float = 5.0  # replication heartbeat the source sends while idle
     source_stall_s: float = 0.0  # nothing from the source this long: unhealthy, lease given up (0: auto)
-    lease_ttl_s: float = 15.0  # outlasts a JetStream leader election (a few seconds)
-    publish_window: int = 4000
-    publish_window_bytes: int = 64 * 1024 * 1024  # ...and at most this many bytes in flight
+    lease_ttl_s: float = 15.0  # a standby parser takes over this long after the active one stops
+    publish_window: int = 4000  # publishes in flight to JetStream at most
+    publish_window_bytes: int = 64 * 1024 * 1024  # bytes of publishes in flight at most
     buffer_bytes: int = 64 * 1024 * 1024  # messages the binlog thread may have ready, in bytes
-    ack_timeout_s: float = 15.0
-    report_interval_s: float = 1.0
+    ack_timeout_s: float = 15.0  # deadline of one publish's ack
+    report_interval_s: float = 1.0  # how often the position is written to the cursor bucket
     metrics_port: int = 9101
     watermark_table: str = "binlake.watermarks"  # where snapshots write their watermarks (DBLog)
     snapshot_tables: str = ""  # regex over db.table: snapshot such tables on first sight ("" = only on request)
-    snapshot_chunk_rows: int = 4096
+    snapshot_chunk_rows: int = 4096  # rows per snapshot chunk (a keyless table's page)
     snapshot_chunk_bytes: int = 32 * 1024 * 1024  # a chunk (a keyless table's page) ends early at this many bytes
     snapshot_parallel: int = 2  # tables snapshotted at once
     snapshot_max_rows_s: float = 0.0  # rate limit over all tables; 0 = unlimited
-    snapshot_poll_s: float = 1.0
-    snapshot_scan_s: float = 10.0
-
+    snapshot_poll_s: float = 1.0  # how often snapshot requests are looked for
+    snapshot_scan_s: float = 10.0  # how often BINLAKE_SNAPSHOT_TABLES looks for new tables
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.source_stall_s and self.source_stall_s < 2 * self.heartbeat_s:

@@ -11,19 +11,22 @@ from shared import config
 
 @dataclass(frozen=True, kw_only=True)
 class SinkConfig(config.ServiceConfig):
-    member_ttl_s: float = 15.0  # outlasts a JetStream leader election (a few seconds)
+    member_ttl_s: float = 15.0  # a worker that stops is out of the split this long after (outlasts a leader election)
     rebalance_s: float = 30.0  # how often the tables per partition are counted again
-    batch: int = 500
+    batch: int = 500  # raw messages per fetch, published as one atomic batch
     fetch_bytes: int = 64 * 1024 * 1024  # raw messages a partition holds read ahead, in bytes
-    cursor_interval_s: float = 1.0
-    publish_timeout_s: float = 10.0
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    skip_ops: tuple[str, ...] = ()
+    cursor_interval_s: float = 1.0  # how often a partition's cursor is written
+    publish_timeout_s: float = 10.0  # deadline of one publish to BINLAKE_CDC
+    include: tuple[str, ...] = ()  # regexes full-matching db.table: only these tables (Canal's filter.regex)
+    exclude: tuple[str, ...] = ()  # regexes full-matching db.table: not these tables; wins over include
+    skip_ops: tuple[str, ...] = ()  # row operations to drop: i, u, d, r
+    # {"db.table glob": [columns]}: keep only these columns
     columns_include: dict[str, list[str]] = field(default_factory=dict)
+    # {"db.table glob": [columns]}: drop these columns
     columns_exclude: dict[str, list[str]] = field(default_factory=dict)
+    # {"db.table glob": {"column": "hash" | "truncate:N" | "replace:TEXT"}}: mask values
     masks: dict[str, dict[str, str]] = field(default_factory=dict)
-    mask_salt: str = ""
+    mask_salt: str = ""  # salt of the hash mask (sha256 hex); required with masks
     # The source's @@lower_case_table_names: 0 matches database and table names by case, 1 and 2
     # ignore it. The sink has no connection to the source, so it is told; 1 is the default because
     # ignoring case can only apply a rule to more tables, never let a mask miss its table.
