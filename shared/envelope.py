@@ -186,6 +186,9 @@ def msg_id(source: str, scn_value: int, chunk: int = 0) -> str:
     return f"{source}:{scn_value}" if chunk == 0 else f"{source}:{scn_value}:{chunk}"
 
 
+TABLE_HEADER: Final = "Binlake-Table"  # "db.table", empty for binlake's own messages
+ROWS_HEADER: Final = "Binlake-Rows"  # the rows the message holds
+TS_HEADER: Final = "Binlake-Ts"  # the source's commit time, epoch milliseconds
 TXN_HEADER: Final = "Binlake-Txn"  # "<i> <1 if last else 0> <txn id>": how a reader finds whole transactions
 
 
@@ -222,11 +225,11 @@ def headers(env: Mapping[str, Any], mid: str) -> dict[str, str]:
     out = {
         "Nats-Msg-Id": mid,
         "Binlake-Op": env["op"],
-        "Binlake-Table": table,
+        TABLE_HEADER: table,
         "Binlake-Pos": f"{pos['file']}:{pos['offset']}" + (f" {pos['gtid']}" if pos.get("gtid") else ""),
-        "Binlake-Rows": str(len(env.get("rows") or ())),
+        ROWS_HEADER: str(len(env.get("rows") or ())),
         "Binlake-Scn": str(env["scn"]),
-        "Binlake-Ts": str(env["ts"]),
+        TS_HEADER: str(env["ts"]),
     }
     schema_id = schema_id_of(env)
     if schema_id:

@@ -39,7 +39,7 @@ class Rewinder:
 
     async def to_timestamp(self, source: str, client: str, ts_ms: int) -> dict[str, Any]:
         start = dt.datetime.fromtimestamp(ts_ms / 1000, dt.UTC)
-        seq, stream = await self._first(source, lambda h: int(h.get("Binlake-Ts", 0)) >= ts_ms, start_time=start)
+        seq, stream = await self._first(source, lambda h: int(h.get(envelope.TS_HEADER, 0)) >= ts_ms, start_time=start)
         return await self._apply(source, client, seq, stream, min_ts=ts_ms)
 
     async def to_start(self, source: str, client: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""`binlake status`: positions and lag, partition owners, clients and their cursors, stream sizes."""
+"""`binlake status`: problems first, in words; then lag per stage and per table (rows and seconds),
+positions, partition owners, clients and their cursors, stream sizes."""
 
 from __future__ import annotations
 
@@ -7,18 +8,21 @@ import json
 import re
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from services.ops import lag
 from services.ops.common import nats_auth, nats_url, run
 from shared import jetstream, keys
 from shared import snapshots as snap
 from shared.assignment import owned, tables_per_partition
 from shared.errors import NatsUnavailable
 from shared.meta_client import MetaClient
+from shared.partition_cursor import PartitionCursor
 from shared.subjects import Names
 
 
@@ -43,7 +47,7 @@ async def collect(url: str, prefix: str, source: str, partitions: int | None) ->
     nc = await jetstream.connect(url, name="binlake-status", auth=auth, first_connect_s=3.0)
     try:
         js = nc.jetstream(prefix=auth.nats_api_prefix)
-        streams: dict[str, dict[str, int] | None] = {}
+        streams: dict[str, dict[str, Any] | None] = {}
         for stream in (names.raw_stream, names.cdc_stream, names.dlq_stream):
             try:
                 info = await js.stream_info(stream)
@@ -53,7 +57,8 @@ async def collect(url: str, prefix: str, source: str, partitions: int | None) ->
                     found = _PARTITIONS.search(transform.dest or "")
                     partitions = int(found.group(1)) if found else None
                 streams[stream] = {"messages": info.state.messages, "bytes": info.state.bytes,
-                                   "first_seq": info.state.first_seq, "last_seq": info.state.last_seq}
+                                   "first_seq": info.state.first_seq, "last_seq": info.state.last_seq,
+                                   "id": info.created.isoformat() if info.created is not None else ""}
             except nats.js.errors.NotFoundError:
                 streams[stream] = None
         cursors = await _kv(js, names.cursors_bucket)
@@ -69,14 +74,17 @@ async def collect(url: str, prefix: str, source: str, partitions: int | None) ->
                   for p in owned(members, m, partitions, tables)}
         parser = cursors.get(keys.parser_cursor(source))
         now = int(time.time() * 1000)
+        part_cursors = {p: _partition_cursor(cursors.get(keys.partition_cursor(source, p))) for p in range(partitions)}
+        clients = _edge(await _clients(nc, names, source, cursors), streams.get(names.cdc_stream))
         return {
             "source": source,
             "parser": {**parser, "age_s": round((now - parser["updated_ms"]) / 1000, 1),
                        "active": leases.get(keys.parser_lease(source))} if isinstance(parser, dict) else None,
             "partitions": [{"partition": p, "owner": owners.get(p), "tables": tables.get(p, 0),
-                            "cursor": (cursors.get(keys.partition_cursor(source, p)) or {}).get("seq")}
-                           for p in range(partitions)],
-            "clients": _edge(await _clients(nc, names, source, cursors), streams.get(names.cdc_stream)),
+                            "cursor": c.seq if c else None, "stream_id": c.stream_id if c else None}
+                           for p, c in part_cursors.items()],
+            "clients": clients,
+            "lag": await _lag(js, names, source, streams, part_cursors, clients, tables),
             "held": {client: v for k, v in sorted(cursors.items())
                      if (client := keys.held_client(source, k)) is not None and v},
             "snapshots": [_snapshot(v) for k, v in sorted(cursors.items())
@@ -85,6 +93,56 @@ async def collect(url: str, prefix: str, source: str, partitions: int | None) ->
         }
     finally:
         await nc.close()
+
+
+def _partition_cursor(value: Any) -> PartitionCursor | None:
+    return PartitionCursor(int(value.get("seq", 0)), int(value.get("seen", 0)), str(value.get("stream_id", ""))) \
+        if isinstance(value, dict) else None
+
+
+SINK_STAGE = "RAW → CDC"
+
+
+def client_stage(client: str) -> str:
+    return f"CDC → {client}"
+
+
+async def _lag(js: JetStreamContext, names: Names, source: str, streams: dict[str, dict[str, Any] | None],
+               part_cursors: dict[int, PartitionCursor | None], clients: dict[str, Any],
+               tables: dict[int, int]) -> dict[str, Any]:
+    """Each stage's backlog (the sinks' over every partition, each store client's) in rows and seconds,
+    and per table. Partitions and clients whose position counts in another stream are left out
+    (`problems` names them)."""
+    now = lag.now_ms()
+    stages: dict[str, lag.Backlog] = {}
+    raw, cdc = streams.get(names.raw_stream), streams.get(names.cdc_stream)
+    if raw is not None:
+        sinks = stages[SINK_STAGE] = lag.Backlog()
+        for p, c in part_cursors.items():
+            if c is not None and c.stream_id and c.stream_id != raw["id"]:
+                continue
+            if c is None and not tables.get(p):
+                continue  # no cursor and no table: nothing to read
+            after = c.handled if c is not None else raw["first_seq"] - 1
+            sinks.merge(await lag.backlog(js, names.raw_stream, names.raw_partition_filter(source, p), after))
+    if cdc is not None:
+        for name, c in sorted(clients.items()):
+            if name == "_note" or not isinstance(c.get("acked"), int):
+                continue
+            after = max(c["acked"], cdc["first_seq"] - 1)
+            stages[client_stage(name)] = await lag.backlog(js, names.cdc_stream, names.cdc_source_filter(source),
+                                                           after, include=lag.client_filter(c.get("filter")))
+    per_table: dict[str, dict[str, Any]] = {}
+    for stage, b in stages.items():
+        for table, behind in b.tables.items():
+            row = per_table.setdefault(table, {"seconds": 0.0})
+            row[stage] = behind.rows
+            row["seconds"] = max(row["seconds"], round(behind.seconds(now), 1))
+    return {
+        "stages": {stage: {"rows": b.total.rows, "messages": b.total.messages, "capped": b.capped,
+                           "seconds": round(b.total.seconds(now), 1)} for stage, b in stages.items()},
+        "tables": dict(sorted(per_table.items(), key=lambda kv: -kv[1]["seconds"])),
+    }
 
 
 async def _clients(nc: NATS, names: Names, source: str, cursors: dict[str, Any]) -> dict[str, Any]:
@@ -124,17 +182,96 @@ def _snapshot(d: dict[str, Any]) -> dict[str, Any]:
             "retries": p.retries, "key": p.key_kind, "error": p.error}
 
 
+PARSER_QUIET_S = 60.0  # a parser reports its position every second while it runs
+
+
+def problems(s: dict[str, Any]) -> list[str]:
+    """What keeps the pipeline from being fresh and whole, in words, with what to do."""
+    out: list[str] = []
+    streams = s.get("streams") or {}
+    for name, info in streams.items():
+        if info is None:
+            out.append(f"{name} is missing: `binlake init` defines it (the services create it when they start)")
+    p = s.get("parser")
+    if p is None:
+        out.append("no parser has reported a position yet: is `binlake parser` running and reaching the source?")
+    else:
+        if not p.get("active"):
+            out.append("no parser holds the lease: none is running (or it lost NATS)")
+        if p.get("age_s", 0) > PARSER_QUIET_S:
+            out.append(f"the parser last reported its position {p['age_s']:.0f} s ago: is it running? (its /healthz "
+                       "says why it waits)")
+    raw = streams.get("BINLAKE_RAW") or {}
+    redefined = [part["partition"] for part in s.get("partitions") or []
+                 if part.get("stream_id") and raw.get("id") and part["stream_id"] != raw["id"]]
+    if redefined:
+        out.append(f"sink partitions {redefined} count in an earlier BINLAKE_RAW (deleted and defined again): they "
+                   "are halted; `binlake rewind --sink-partition all --to-start`, then restart the sinks")
+    orphans = [part["partition"] for part in s.get("partitions") or [] if part.get("tables") and not part.get("owner")]
+    if orphans:
+        out.append(f"no sink worker owns partitions {orphans} (they hold tables): start `binlake sink`")
+    dlq = streams.get("BINLAKE_DLQ") or {}
+    if dlq.get("messages"):
+        out.append(f"{dlq['messages']} dead letters in BINLAKE_DLQ stopped their partitions: `nats stream view "
+                   "BINLAKE_DLQ` shows each one's Binlake-Dlq-Reason")
+    for name, c in (s.get("clients") or {}).items():
+        if name != "_note" and isinstance(c.get("retention_headroom"), int) and c["retention_headroom"] < 0:
+            out.append(f"client {name}: {-c['retention_headroom']} messages it had not read were removed by "
+                       "BINLAKE_CDC's limits; snapshot its tables again (binlake snapshot) and rewind it")
+    for client, tables in (s.get("held") or {}).items():
+        out.append(f"{client} set aside {len(tables)} table(s): {', '.join(sorted(tables))} (reasons below)")
+    for t in s.get("snapshots") or []:
+        if t.get("error"):
+            out.append(f"snapshot of {t['table']} {t['state']}: {t['error']}")
+    return out
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], indent: str = "  ") -> list[str]:
+    """Columns padded to their widest cell: the first left-aligned, the others right-aligned."""
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    def line(r: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    return [indent + line(r) for r in (header, *rows)]
+
+
+def _lag_lines(s: dict[str, Any]) -> list[str]:
+    lag_ = s.get("lag") or {}
+    stages: dict[str, Any] = lag_.get("stages") or {}
+    p = s.get("parser")
+    rows = [("binlog → RAW", "-", f"{p.get('lag_ms', 0) / 1000:.1f}" if p else "-")]
+    for stage, b in stages.items():
+        more = "≥" if b["capped"] else ""
+        rows.append((stage, f"{more}{b['rows']:,}", f"{b['seconds']:.1f}"))
+    lines = ["lag (rows not yet through each stage; seconds since the oldest of them was committed at the source)"]
+    lines += _table(("stage", "rows", "seconds"), rows)
+    tables: dict[str, Any] = lag_.get("tables") or {}
+    if tables:
+        shown = list(tables.items())[:20]
+        lines.append("tables behind" + (f" (the 20 furthest of {len(tables)})" if len(tables) > 20 else ""))
+        lines += _table(("table", *stages, "seconds"),
+                        [(name, *(f"{t.get(st, 0):,}" for st in stages), f"{t['seconds']:.1f}") for name, t in shown])
+    return lines
+
+
 def render(s: dict[str, Any]) -> str:
     lines = [f"source {s['source']}"]
+    found = problems(s)
+    lines += ["problems", *(f"  ! {p}" for p in found)] if found else ["no problems"]
+    lines += _lag_lines(s)
     p = s["parser"]
     if p:
         lines.append(f"  parser    {p['file']}:{p['offset']} gtid={p.get('gtid')} lag={p.get('lag_ms', 0) / 1000:.1f}s "
                      f"(reported {p['age_s']}s ago, active: {p.get('active')})")
     else:
         lines.append("  parser    no position reported yet")
-    lines.append("  partitions")
+    lines.append("  sink partitions (owner: partitions, tables in them)")
+    by_owner: dict[str, list[dict[str, Any]]] = {}
     for part in s["partitions"]:
-        lines.append(f"    {part['partition']:>3}  owner={part['owner'] or '-'}  cursor={part['cursor'] or 0}")
+        by_owner.setdefault(part["owner"] or "(no owner)", []).append(part)
+    for owner, parts in sorted(by_owner.items()):
+        lines.append(f"    {owner}: {' '.join(str(x['partition']) for x in parts)} "
+                     f"({sum(x['tables'] for x in parts)} tables)")
     lines.append("  clients")
     for name, c in sorted(s["clients"].items()):
         if name == "_note":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from shared import envelope
 from shared.clients import MAX_FILTER, ClientState
 from shared.patterns import Pattern, PatternError, compile_pattern
 from shared.rpc import BadRequest, RpcError
@@ -66,7 +67,7 @@ def wanted(subject_tokens: tuple[str, str], headers: dict[str, str], state: Clie
     db, table = subject_tokens
     if db == "$binlake":
         return False  # heartbeats and table-less DDL are binlake's own business
-    if state.min_ts and int(headers.get("Binlake-Ts", 0)) < state.min_ts:
+    if state.min_ts and int(headers.get(envelope.TS_HEADER, 0)) < state.min_ts:
         return False
     if state.min_scn and int(headers.get("Binlake-Scn", 0)) < state.min_scn:
         return False

@@ -327,7 +327,7 @@ class StoreServer:
             held += cost
             if wanted:
                 pending_size += cost
-                pending_rows += int(headers.get("Binlake-Rows", 0))
+                pending_rows += int(headers.get(envelope.ROWS_HEADER, 0))
             if not open_txns:  # a transaction boundary: what is pending belongs to the batch
                 for pm, pw in pending:
                     if pw:

@@ -948,3 +948,35 @@ async def test_a_transaction_of_rows_larger_than_a_message_comes_whole(stack: St
     parts = [b for b in got if any(e["op"] == "u" for e in b.events)]
     assert len(parts) == 2 and parts[0].partial, "a transaction larger than a batch may grow comes in parts"
     assert sorted(r["after"]["id"] for b in parts for e in b.events if e["op"] == "u" for r in e["rows"]) == [1, 2]
+
+
+@pytest.mark.timeout(240)
+async def test_status_shows_each_stages_backlog_per_table_in_rows_and_seconds(
+        services: Stack, parser_factory: ParserFactory, sink_factory: Callable[..., ServiceProcess]) -> None:
+    from services.ops import status
+
+    db = services.db
+    await asyncio.to_thread(parser_factory)
+    sink = sink_factory("sink")
+    await services.sql(create(db), *inserts(db, 1, 30, rows_per=2))
+    await services.wait_cdc(60)
+    c = services.client("behind")
+    await c.subscribe(filter=services.table_filter())
+    sink.stop()  # the sink stage falls behind too
+    await services.sql(*inserts(db, 61, 5, rows_per=3))
+
+    async def shown() -> dict[str, Any] | None:
+        s = await status.collect(services.nats_url, "binlake", "main", None)
+        return s if s["lag"]["tables"].get(f"{db}.t", {}).get(status.SINK_STAGE) == 15 else None
+
+    s = await wait_for(shown, 60, "the sink stage's backlog")
+    table = s["lag"]["tables"][f"{db}.t"]
+    assert table[status.client_stage("behind")] == 60, table  # it has read nothing yet
+    assert table["seconds"] > 0
+    assert s["lag"]["stages"][status.client_stage("behind")]["rows"] == 60
+    text = status.render(s)
+    assert "CDC → behind" in text and f"{db}.t" in text and "tables behind" in text, text
+    assert "problems" in text and "no sink worker owns partitions" in text, text  # the stopped sink
+    await drain(c)
+    s = await status.collect(services.nats_url, "binlake", "main", None)
+    assert status.client_stage("behind") not in s["lag"]["tables"][f"{db}.t"]  # read and acked: nothing behind

@@ -250,7 +250,7 @@ def test_up_runs_the_stack_stops_on_sigint_and_continues(tmp_path, flavour):
         assert status.returncode == 0, status.stderr
         binlog = "mysql-bin." if flavour == "mariadb" else "binlog."
         assert f"parser    {binlog}" in status.stdout and "BINLAKE_CDC:" in status.stdout
-        assert "owner=up-sink-" in status.stdout and "loader: acked=" in status.stdout
+        assert "    up-sink-" in status.stdout and "loader: acked=" in status.stdout and "CDC → loader" in status.stdout
         tail = _cli(data, "tail", "demo.items", "--no-follow", "-n", "3", timeout=60)
         assert tail.returncode == 0, tail.stderr
         events = [json.loads(line) for line in tail.stdout.splitlines()]
