@@ -26,6 +26,7 @@ import pyarrow as pa
 import pytest
 
 from services.launcher.processes import ServiceProcess
+from services.launcher.servers import free_port
 from shared import keys
 from shared.subjects import Names
 from tests.integration.lake_stack import (
@@ -36,7 +37,7 @@ from tests.integration.lake_stack import (
     events,
     services_answer,
 )
-from tests.integration.support import read_stream_sync, wait_until
+from tests.integration.support import http_get, read_stream_sync, wait_until
 from tests.servers import BOTH_SOURCES, MariaDB
 
 ServiceFactory = Callable[..., ServiceProcess]
@@ -373,6 +374,25 @@ def test_a_loader_that_loses_its_lease_waits_as_standby_and_takes_over_again(sta
     assert_cells_equal(stack, "t")
     assert loader.running and len(stack.loaders) == 1
     assert loader.output.count('"lease.acquired"') == 2, loader.output[-4000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_loader_whose_batches_cannot_be_fetched_says_why_on_healthz(nats_url, service_factory, tmp_path):
+    """No store answers: each try of the loader fails and is restarted; meanwhile /healthz says 503 and why."""
+    port = free_port()
+    loader = service_factory("services.loader", "loader", BINLAKE_DATA_DIR=str(tmp_path / "data"),
+                             BINLAKE_MASTER="local[1]", BINLAKE_METRICS_PORT=str(port))
+
+    def unhealthy() -> str | None:
+        assert loader.running or "loader:" in loader.output, loader.output[-3000:]
+        try:
+            code, body = http_get(f"http://127.0.0.1:{port}/healthz")
+        except OSError:  # not listening yet
+            return None
+        return body if code == 503 else None
+
+    body = wait_until(unhealthy, 180, "/healthz to report the failing loader")
+    assert body.startswith("loader: ") and "store" in body.lower(), body
 
 
 @pytest.mark.timeout(900)
