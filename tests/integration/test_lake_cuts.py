@@ -3,7 +3,7 @@
 Two source tables are written in the same source transactions (each transaction inserts three
 rows into `bank.acct` and one into `bank.ledger`, all tagged with the transaction's number), and
 their current tables are merged at different moments (a DDL merges its own table on the spot; a
-kill stops the merges of one cut halfway). The reader follows README's rule with pyiceberg and
+kill stops the merges of one cut halfway). The reader follows docs/lake.md's rule with pyiceberg and
 DuckDB only: the newest cut in `_binlake/cuts`, then each table at the snapshot that cut names.
 """
 
@@ -41,7 +41,7 @@ def newest(folder: Path) -> StaticTable:
 
 
 def read_cut(warehouse: Path) -> tuple[int, dict[str, set[int]]]:
-    """README's rule: the newest cut, each of its tables at the snapshot it names (NULL: empty)."""
+    """docs/lake.md's rule: the newest cut, each of its tables at the snapshot it names (NULL: empty)."""
     cuts = newest(warehouse / BOOK_NAMESPACE / CUTS_TABLE).scan().to_arrow().to_pylist()
     cut = max(r["cut"] for r in cuts)
     out: dict[str, set[int]] = {}
