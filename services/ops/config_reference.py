@@ -71,6 +71,9 @@ COMPOSE = (
     Other("BINLAKE_MYSQL_PORT", "3306", "Host port of the compose MySQL, on 127.0.0.1 only."),
     Other("BINLAKE_NATS_PORT", "4222", "Host port of NATS (the first node in the cluster file), on 127.0.0.1 only."),
     Other("BINLAKE_SPARK_UI_PORT", "8080", "Host port of the Spark master's UI (cluster file)."),
+    Other("BINLAKE_PROMETHEUS_PORT", "9090", "Host port of Prometheus (profile `monitoring`), on 127.0.0.1 only."),
+    Other("BINLAKE_GRAFANA_PORT", "3000", "Host port of Grafana (profile `monitoring`), on 127.0.0.1 only."),
+    Other("BINLAKE_GRAFANA_PASSWORD", "deploy/make-env.sh", "Grafana's admin password (profile `monitoring`)."),
     *(Other(f"BINLAKE_{role.upper()}_PASSWORD", "deploy/make-env.sh",
             f"The NATS password of the `{role}` role ({why}).")
       for role, why in (("admin", "`binlake init`, operators"), ("parser", "the parser"), ("sink", "sink workers"),

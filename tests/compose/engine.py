@@ -63,9 +63,11 @@ def _default(image: str) -> str:
 
 
 def compose_images() -> dict[str, str]:
-    """The registry images the compose file names, by service (with their defaults filled in)."""
+    """The registry images the default stack runs, by service (with their defaults filled in); the
+    services of an opt-in profile (monitoring) are not started, so no stand-in is built for them."""
     return {name: _default(image) for name, svc in _services().items()
-            if "build" not in svc and (image := str(svc.get("image", ""))) and "BINLAKE_IMAGE" not in image}
+            if "build" not in svc and not svc.get("profiles")
+            and (image := str(svc.get("image", ""))) and "BINLAKE_IMAGE" not in image}
 
 
 def project_image() -> str:

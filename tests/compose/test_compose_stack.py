@@ -44,12 +44,12 @@ from tests.servers import free_port, mysql_root, nats_server_binary
 
 pytestmark = [
     pytest.mark.timeout(2700),
-    pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())} (see README, Docker)"),
+    pytest.mark.skipif(bool(missing_tools()), reason=f"needs {', '.join(missing_tools())} (see docs/docker.md)"),
 ]
 
 PARTITIONS = 16  # the services' default BINLAKE_PARTITIONS
 PASSWORD_VARIABLES = ("MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", "BINLAKE_ROUTE_PASSWORD",
-                      "BINLAKE_SPARK_SECRET",
+                      "BINLAKE_SPARK_SECRET", "BINLAKE_GRAFANA_PASSWORD",
                       *(f"BINLAKE_{role.upper()}_PASSWORD" for role in permissions.ROLES))  # deploy/make-env.sh's
 SPARK_SERVICES = ("spark-master", "spark-worker-1", "spark-worker-2")
 

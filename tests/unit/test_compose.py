@@ -152,7 +152,7 @@ def test_the_cluster_files_spark_authenticates_with_a_secret_from_env_file_kept_
     for name in spark:
         # `binlake spark` writes it into a private properties file (services.launcher.spark_daemon)
         assert services[name]["environment"]["BINLAKE_SPARK_SECRET"] == \
-            "${BINLAKE_SPARK_SECRET:?run deploy/make-env.sh first (see README, Docker)}", name
+            "${BINLAKE_SPARK_SECRET:?run deploy/make-env.sh first (see docs/docker.md)}", name
     assert services["loader"]["environment"]["BINLAKE_SPARK_SECRET"] == "${BINLAKE_SPARK_SECRET}"
     for name, svc in services.items():
         assert "secret" not in " ".join(map(str, svc.get("command", []))).lower(), name
@@ -183,6 +183,7 @@ def test_auth_is_on_and_each_service_has_its_own_user(file: str) -> None:
             assert "-m" not in svc["command"]
             assert 'http: "127.0.0.1:8222"' in (DEPLOY / conf.replace("/etc/", "")).read_text()
     # No password has a default: without deploy/.env compose stops and names the script.
-    for var in ("MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", "BINLAKE_ADMIN_PASSWORD"):
+    monitoring = ("BINLAKE_GRAFANA_PASSWORD",) if "grafana" in services else ()
+    for var in ("MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", "BINLAKE_ADMIN_PASSWORD", *monitoring):
         assert f"${{{var}:?run deploy/make-env.sh first" in raw
     assert "IDENTIFIED BY" not in (ROOT / "deploy" / "mysql-init.sql").read_text()
