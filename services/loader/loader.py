@@ -56,6 +56,8 @@ class Loader:
         self._committed = registry.gauge("loader_committed_seq",
                                          "Last lake sequence committed (BINLAKE_CDC sequence + its stream's base)")
         self._seconds = registry.gauge("loader_last_batch_seconds", "Time to write and commit the last batch")
+        self._lag = registry.gauge("loader_lag_seconds", "Seconds from the source's commit of the newest change in "
+                                   "the last batch to the lake's commit of it; 0 once nothing waits")
         self._held = registry.gauge("loader_tables_held", "Source tables set aside: their changes kept, not loaded")
         self.log = structlog.get_logger().bind(actor="loader")
 
@@ -72,7 +74,9 @@ class Loader:
             while True:
                 fetched = await self._next(reader)
                 if fetched.batch.id is None or not _prepared(fetched).events:
-                    if fetched.batch.id is not None:  # nothing for the lake (other sources' messages)
+                    if fetched.batch.id is None:  # the store had nothing more: the lake is as fresh as the source
+                        self._lag.set(0)
+                    else:  # nothing for the lake (other sources' messages)
                         self._lake.reached(fetched.end)
                         await self._client.ack(fetched.batch.id)
                     await loop.run_in_executor(self._thread, self._idle)
@@ -136,6 +140,9 @@ class Loader:
         self._batches.inc(len(unit))
         self._committed.set(last)
         self._seconds.set(seconds)
+        newest = max((ts for _, e in prepared.events if isinstance(ts := e.get("ts"), int)), default=None)
+        if newest is not None:
+            self._lag.set(max(0.0, time.time() - newest / 1000))
         self.log.info("loader.committed", seq=last, rows=rows, batches=len(unit), seconds=round(seconds, 2))
 
     async def _report_held(self) -> None:

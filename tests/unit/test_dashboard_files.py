@@ -26,11 +26,12 @@ BINLAKE_JOBS = {"parser", "sink", "store", "meta", "loader"}
 PROMETHEUS_SERIES = {"up"}
 # What the issue asks the dashboard and the rules to show, by metric.
 SHOWN = {"binlake_parser_lag_seconds", "binlake_parser_source_silence_seconds", "binlake_sink_partition_lag",
-         "binlake_loader_committed_seq", "binlake_parser_messages_total", "binlake_sink_events_out_total",
+         "binlake_loader_lag_seconds", "binlake_parser_messages_total", "binlake_sink_events_out_total",
          "binlake_loader_rows_total", "binlake_sink_partition_halted", "binlake_sink_dead_letters_total",
          "binlake_loader_last_batch_seconds", "binlake_parser_snapshot_rows", "binlake_parser_snapshot_rows_estimated",
          "binlake_loader_tables_held"}
-ALERTED = {"binlake_parser_lag_seconds", "binlake_store_rows_total", "binlake_sink_partition_halted",
+ALERTED = {"binlake_parser_lag_seconds", "binlake_loader_lag_seconds", "binlake_store_rows_total",
+           "binlake_sink_partition_halted",
            "binlake_sink_stream_redefined_total", "binlake_store_stream_redefined_total",
            "binlake_sink_retention_gaps_total", "binlake_store_retention_gaps_total",
            "binlake_parser_source_silence_seconds", "binlake_loader_tables_held", "binlake_sink_dead_letters_total",
