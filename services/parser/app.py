@@ -59,8 +59,8 @@ async def main(cfg: ParserConfig) -> None:
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(lease.keep())
                         tg.create_task(supervise_call(pipeline.run, cfg.restart, pipeline.log, conditions, "pipeline"))
-                        tg.create_task(supervise_call(recorder.run, recorder_restart, recorder.log, conditions,
-                                                    "schema recorder"))
+                        # Capture goes on while meta is away (the history waits): meta's /healthz says so.
+                        tg.create_task(supervise_call(recorder.run, recorder_restart, recorder.log))
                         tg.create_task(reporter.run())
                         tg.create_task(watch.watch())
                 except* LeaseLost as eg:

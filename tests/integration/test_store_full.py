@@ -116,6 +116,12 @@ def test_a_full_jetstream_stops_capture_with_the_reason_and_loses_nothing(
     cdc = [m for m in read_stream_sync(nats_url, "BINLAKE_CDC") if m.env.get("db") == database
            and m.env["op"] == "i"]
     assert [row["after"]["id"] for m in cdc for row in m.env["rows"]] == list(range(201)), "each row once, in order"
-    wait_until(lambda: _unhealthy(parser_port) is None, 30, "the parser healthy again")
-    wait_until(lambda: _unhealthy(sink_port) is None, 30, "the sink healthy again")
+    for name, port in (("parser", parser_port), ("sink", sink_port)):
+        def healthy(p: int = port) -> bool:
+            return _unhealthy(p) is None
+
+        try:
+            wait_until(healthy, 30, f"the {name} healthy again")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; it says: {_unhealthy(port)}") from None
     assert parser.running and sink.running
