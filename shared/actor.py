@@ -78,6 +78,8 @@ async def supervise_call(
             try:
                 try:
                     await run()
+                    if health is not None:
+                        health.clear(name)  # its work is done
                     return
                 except TRANSIENT as exc:  # a NATS call no one wrapped: the bus is away, not the actor broken
                     raise NatsUnavailable(f"NATS: {exc!r}") from exc

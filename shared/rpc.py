@@ -27,7 +27,8 @@ from shared.subjects import INBOX_PREFIX, subject_matches
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 STREAM_REDEFINED = "stream_redefined"  # a reply's code: the stream a cursor counts in was defined again
 NO_ROOM = "no_room"  # a reply's code: JetStream refused a write the service had to make for want of room
-SERVICE_PROBLEMS = frozenset({"unavailable", "failed", NO_ROOM, STREAM_REDEFINED})
+RETENTION_GAP = "retention_gap"  # a reply's code: the stream no longer holds messages the client has not read
+SERVICE_PROBLEMS = frozenset({"unavailable", "failed", NO_ROOM, STREAM_REDEFINED, RETENTION_GAP})
 """Reply codes that say the service cannot do its work (for `/healthz`), not that the request was wrong."""
 PROBLEM_TTL_S = 120.0  # a failed request's condition, unless one on its subject is answered sooner
 MAX_IN_FLIGHT = 1024  # requests one subscription answers at once; more are refused as `unavailable`

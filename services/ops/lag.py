@@ -13,9 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import nats.errors
+import nats.js.errors
 from nats.js import JetStreamContext
 
 from shared import envelope
+from shared.errors import NatsUnavailable
 from shared.ordered_reader import OrderedReader
 from shared.patterns import PatternError, compile_pattern
 
@@ -63,6 +66,12 @@ async def backlog(js: JetStreamContext, stream: str, subject: str, after_seq: in
                   wait_s: float = 0.5) -> Backlog:
     """The messages of `stream` on `subject` after `after_seq`, per `db.table` that `include` takes."""
     out = Backlog()
+    try:  # one request says whether anything waits: a consumer would wait its fetch out for nothing
+        await js.get_msg(stream, seq=after_seq + 1, subject=subject, next=True)
+    except nats.js.errors.NotFoundError:
+        return out
+    except (nats.errors.Error, TimeoutError) as exc:
+        raise NatsUnavailable(f"stream {stream}: {exc!r}") from exc
     reader = OrderedReader(js, stream, subject, after_seq + 1, min(limit, 1000), headers_only=True)
     try:
         scanned = 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from shared import envelope
 from shared.clients import MAX_FILTER, ClientState
 from shared.patterns import Pattern, PatternError, compile_pattern
-from shared.rpc import BadRequest, RpcError
+from shared.rpc import RETENTION_GAP, BadRequest, RpcError
 
 
 class ProtocolError(RpcError):
@@ -23,7 +23,7 @@ class RetentionGap(RpcError):
 
     def __init__(self, client: str, first_missing: int, next_held: int, stream: str) -> None:
         super().__init__(
-            "retention_gap",
+            RETENTION_GAP,
             f"{stream} no longer holds sequences {first_missing}..{next_held - 1}, which client {client!r} has not "
             f"read (removed by the stream's limits, BINLAKE_CDC_MAX_AGE_S / BINLAKE_CDC_MAX_BYTES, or by hand): "
             "those changes are lost to this client. Load the affected tables again (binlake snapshot) and "
