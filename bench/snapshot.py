@@ -40,7 +40,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from bench.common import arguments, proc_cpu, proc_peak_rss, run_in_workdir
 from services.launcher.processes import clean_env, spawn, stop_all
 from services.launcher.servers import MariaDB, start_mariadb, start_nats
-from shared import keys
+from shared import envelope, keys
 from shared import snapshots as snap
 from shared.subjects import Names
 
@@ -129,9 +129,9 @@ async def binlake(db: MariaDB, nats_url: str, rows: int, prefix: str, chunk_rows
             # Headers only (the sink keeps the parser's): the follower must not cost the pipeline it measures.
             nonlocal got
             h = msg.headers or {}
-            if h.get("Binlake-Op") == "r" and h.get("Binlake-Table") == f"{DB}.{TABLE}":
+            if h.get(envelope.OP_HEADER) == "r" and h.get(envelope.TABLE_HEADER) == f"{DB}.{TABLE}":
                 got += int(h["Binlake-Rows"])
-                arrivals[h["Binlake-Scn"]] = time.perf_counter()
+                arrivals[h[envelope.SCN_HEADER]] = time.perf_counter()
                 if got >= rows:
                     done.set()
 

@@ -66,7 +66,7 @@ async def supervise_call(
     """Run `run` (an actor's loop), restarting it on retriable errors within the policy's budget.
 
     With `health`, the actor's failure is the condition `name` (its reason on `/healthz`) from
-    its first failure until a try has run RECOVERED_S without one (a wait: until it ends)."""
+    its first failure until a try has run RECOVERED_S without one."""
     failures: list[float] = []
     waits = 0
     loop = asyncio.get_running_loop()
@@ -87,9 +87,7 @@ async def supervise_call(
                 if recovered is not None:
                     recovered.cancel()
                 if health is not None:
-                    # A wait is tried again every WAIT_MAX_S at most, and set again each time: once the
-                    # condition is gone (room in JetStream), so is the report, soon after.
-                    health.set(name, f"{name}: {exc}", ttl_s=2 * WAIT_MAX_S if exc.waits else None)
+                    health.set(name, f"{name}: {exc}")
                 if exc.retriable and exc.waits:
                     waits += 1
                     delay = min(policy.delay(waits), WAIT_MAX_S)

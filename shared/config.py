@@ -3,9 +3,9 @@
 Each service declares a frozen dataclass. `load(Cls, section)` fills every field from, in
 order of precedence: `BINLAKE_<FIELD>` in the environment, the contents of the file named by
 `BINLAKE_<FIELD>_FILE` (a secret then stays out of env dumps and `ps`; one trailing newline is
-dropped), `[section]` then the top level of the TOML file named by `BINLAKE_CONFIG`, then the
-field default. A field without default that is missing, or a value of the wrong type, fails at
-start-up with a ConfigError naming it.
+dropped), `[section]`, then (for the NATS settings) `[nats]`, then the top level of the TOML file
+named by `BINLAKE_CONFIG`, then the field default. A field without default that is missing, or a
+value of the wrong type, fails at start-up with a ConfigError naming it.
 """
 
 from __future__ import annotations
@@ -88,6 +88,9 @@ def load(cls: type[C], section: str, env: Mapping[str, str] | None = None) -> C:
     env = os.environ if env is None else env
     doc = read_toml(env.get("BINLAKE_CONFIG"))
     scoped = doc.get(section, {}) if isinstance(doc.get(section), dict) else {}
+    # How to reach NATS is the same for every service and command: `[nats]` holds it for all.
+    shared_nats = doc.get("nats", {}) if isinstance(doc.get("nats"), dict) else {}
+    nats_fields = {f.name for f in dataclasses.fields(NatsSettings)}
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -100,6 +103,8 @@ def load(cls: type[C], section: str, env: Mapping[str, str] | None = None) -> C:
             raw = read_secret(f"{env_key}_FILE", env[f"{env_key}_FILE"])
         elif f.name in scoped:
             raw = scoped[f.name]
+        elif f.name in nats_fields and f.name in shared_nats:
+            raw = shared_nats[f.name]
         elif f.name in doc and not isinstance(doc[f.name], dict):
             raw = doc[f.name]
         else:

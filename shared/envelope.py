@@ -186,7 +186,11 @@ def msg_id(source: str, scn_value: int, chunk: int = 0) -> str:
     return f"{source}:{scn_value}" if chunk == 0 else f"{source}:{scn_value}:{chunk}"
 
 
+OP_HEADER: Final = "Binlake-Op"  # the envelope's op
 TABLE_HEADER: Final = "Binlake-Table"  # "db.table", empty for binlake's own messages
+POS_HEADER: Final = "Binlake-Pos"  # "file:offset[ gtid]" at the source
+SCN_HEADER: Final = "Binlake-Scn"  # the order key
+SCHEMA_HEADER: Final = "Binlake-Schema"  # the id of the schema the rows are in
 ROWS_HEADER: Final = "Binlake-Rows"  # the rows the message holds
 TS_HEADER: Final = "Binlake-Ts"  # the source's commit time, epoch milliseconds
 TXN_HEADER: Final = "Binlake-Txn"  # "<i> <1 if last else 0> <txn id>": how a reader finds whole transactions
@@ -224,16 +228,16 @@ def headers(env: Mapping[str, Any], mid: str) -> dict[str, str]:
     table = f"{env['db']}.{env['table']}" if env.get("table") is not None else ""
     out = {
         "Nats-Msg-Id": mid,
-        "Binlake-Op": env["op"],
+        OP_HEADER: env["op"],
         TABLE_HEADER: table,
-        "Binlake-Pos": f"{pos['file']}:{pos['offset']}" + (f" {pos['gtid']}" if pos.get("gtid") else ""),
+        POS_HEADER: f"{pos['file']}:{pos['offset']}" + (f" {pos['gtid']}" if pos.get("gtid") else ""),
         ROWS_HEADER: str(len(env.get("rows") or ())),
-        "Binlake-Scn": str(env["scn"]),
+        SCN_HEADER: str(env["scn"]),
         TS_HEADER: str(env["ts"]),
     }
     schema_id = schema_id_of(env)
     if schema_id:
-        out["Binlake-Schema"] = schema_id
+        out[SCHEMA_HEADER] = schema_id
     txn = txn_header(env)
     if txn is not None:
         out[TXN_HEADER] = txn

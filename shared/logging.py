@@ -38,12 +38,22 @@ def redact(value: str) -> str:
 
 
 def redact_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Hide secrets in the event, also inside its rendered exception (a list of frames and values)."""
     for key, value in list(event.items()):
-        if _SECRET_KEYS.search(key) and value is not None:
-            event[key] = "***"
-        elif isinstance(value, str) and "@" in value:
-            event[key] = redact(value)
+        event[key] = _redacted(key, value)
     return event
+
+
+def _redacted(key: str, value: Any) -> Any:
+    if _SECRET_KEYS.search(key) and value is not None:
+        return "***"
+    if isinstance(value, str):
+        return redact(value) if "@" in value else value
+    if isinstance(value, dict):
+        return {k: _redacted(str(k), v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redacted("", v) for v in value]
+    return value
 
 
 def log_style(env: Mapping[str, str] | None = None, tty: bool | None = None) -> tuple[bool, bool]:
@@ -74,12 +84,13 @@ def configure(service: str, level: str = "info", json: bool | None = None) -> No
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True) if json else
         structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+        # The exception rendered before the secrets are hidden: its messages name URLs too. Never
+        # with frame locals: they hold DSNs and passwords.
+        structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False))
+        if json else structlog.processors.format_exc_info,
         redact_secrets,
     ]
     if json:
-        # Never render frame locals: they hold DSNs and passwords.
-        processors.append(structlog.processors.ExceptionRenderer(
-            structlog.tracebacks.ExceptionDictTransformer(show_locals=False)))
         renderer: Any = structlog.processors.JSONRenderer()
     else:
         # Whoever reads a console knows the service (`binlake up` puts its name before each line).

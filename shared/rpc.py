@@ -28,8 +28,10 @@ Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 STREAM_REDEFINED = "stream_redefined"  # a reply's code: the stream a cursor counts in was defined again
 NO_ROOM = "no_room"  # a reply's code: JetStream refused a write the service had to make for want of room
 RETENTION_GAP = "retention_gap"  # a reply's code: the stream no longer holds messages the client has not read
-SERVICE_PROBLEMS = frozenset({"unavailable", "failed", NO_ROOM, STREAM_REDEFINED, RETENTION_GAP})
-"""Reply codes that say the service cannot do its work (for `/healthz`), not that the request was wrong."""
+SERVICE_PROBLEMS = frozenset({"unavailable", NO_ROOM})
+"""Reply codes that say the service cannot do its work (its stream, its backend, NATS away; no room), for
+`/healthz`. A client's own state (a gap, a stream defined again since its position) is not one:
+`binlake status` names it."""
 PROBLEM_TTL_S = 120.0  # a failed request's condition, unless one on its subject is answered sooner
 MAX_IN_FLIGHT = 1024  # requests one subscription answers at once; more are refused as `unavailable`
 MAX_PER_CALLER = 64  # of those, what one caller (`serve`'s `caller`) may have: no client starves the others
@@ -123,7 +125,7 @@ async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
     `caller(subject)` names who asks (a store client, by its subject, which only it may publish
     on): one caller has at most MAX_PER_CALLER requests in flight, so its long polls never fill
     the MAX_IN_FLIGHT every caller shares. `health`: a request the service could not answer for
-    its own reasons (not the caller's) is reported there until one on its subject is answered.
+    its own reasons (SERVICE_PROBLEMS) is reported there until one on its subject is answered.
     """
     limit = max(1024, nc.max_payload - 64 * 1024) if nc.max_payload else 900 * 1024
 
@@ -152,10 +154,10 @@ async def serve(nc: NATS, subject: str, handler: Handler, queue: str = "",
             log.error("rpc.crashed", subject=msg.subject, error=repr(exc), exc_info=True)
             reply = {"ok": False, "code": "failed", "error": f"internal error: {exc!r}"}
         if health is not None:
-            if reply.get("ok"):
-                health.clear(msg.subject)
-            elif reply.get("code") in SERVICE_PROBLEMS:
+            if reply.get("code") in SERVICE_PROBLEMS:
                 health.set(msg.subject, f"{msg.subject}: {reply.get('error')}", ttl_s=PROBLEM_TTL_S)
+            else:  # answered, the caller's error included: the service works
+                health.clear(msg.subject)
         if not split_fields or not reply.get("ok"):
             await msg.respond(pack(reply))
             return

@@ -60,7 +60,7 @@ class Rewinder:
                                   else 0)
         except envelope.EnvelopeError as exc:
             raise BadRequest(str(exc)) from None
-        seq, stream = await self._first(source, lambda h: int(h.get("Binlake-Scn", 0)) >= target)
+        seq, stream = await self._first(source, lambda h: int(h.get(envelope.SCN_HEADER, 0)) >= target)
         return await self._apply(source, client, seq, stream, min_scn=target)
 
     async def to_gtid(self, source: str, client: str, gtids: str) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from shared.logging import LOG_COLOR_ENV, LOG_FORMAT_ENV
 
 SECTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("NATS: every service and command", "nats", NatsSettings,
-     "How to reach and log in to NATS. Commands (`binlake status`, `tail`, ...) read these too."),
+     "How to reach and log in to NATS, for every service and command (`binlake status`, `tail`, ...); "
+     "a service's own section wins over `[nats]`."),
     ("Every service", "<service>", ServiceConfig, "Settings each of parser, sink, store, meta and loader has."),
     ("Parser", "parser", ParserConfig, "`binlake parser`: reads the binlog into BINLAKE_RAW."),
     ("Sink", "sink", SinkConfig, "`binlake sink`: routes BINLAKE_RAW to per-table subjects in BINLAKE_CDC."),
@@ -177,8 +178,8 @@ def render() -> str:
         "Every setting is read, in this order, from `BINLAKE_<NAME>` in the environment; from the file "
         "that `BINLAKE_<NAME>_FILE` names (for secrets: they stay out of `ps` and environment dumps); from "
         "the service's `[section]` of the TOML file `BINLAKE_CONFIG` names, as `name = value` in lower case; "
-        "from the top level of that file; else the default. A wrong type or value stops the service at "
-        "start with a message naming the setting.",
+        "for the NATS settings, from its `[nats]`; from the top level of that file; else the default. A "
+        "wrong type or value stops the service at start with a message naming the setting.",
         "",
     ]
     for title, section, cls, about in SECTIONS:

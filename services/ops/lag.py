@@ -10,7 +10,7 @@ the counts are lower bounds (`capped`), the totals exact (the server's pending c
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import nats.errors
@@ -23,6 +23,7 @@ from shared.ordered_reader import OrderedReader
 from shared.patterns import PatternError, compile_pattern
 
 SCAN_LIMIT = 50_000  # messages read per stage at most
+READ_S = 10.0  # a scan that gets nothing for this long, though something waits, gives up (a lower bound)
 
 
 @dataclass
@@ -62,28 +63,34 @@ class Backlog:
 
 
 async def backlog(js: JetStreamContext, stream: str, subject: str, after_seq: int, *,
-                  include: Callable[[str], bool] = lambda _: True, limit: int = SCAN_LIMIT,
-                  wait_s: float = 0.5) -> Backlog:
-    """The messages of `stream` on `subject` after `after_seq`, per `db.table` that `include` takes."""
+                  wanted: Callable[[Mapping[str, str]], bool] = lambda _: True, limit: int = SCAN_LIMIT,
+                  read_s: float = READ_S) -> Backlog:
+    """The messages of `stream` on `subject` after `after_seq` that `wanted` takes (by their headers),
+    per `db.table`. A scan that ends early (`limit`, or nothing delivered for `read_s`) is `capped`."""
     out = Backlog()
     try:  # one request says whether anything waits: a consumer would wait its fetch out for nothing
         await js.get_msg(stream, seq=after_seq + 1, subject=subject, next=True)
     except nats.js.errors.NotFoundError:
         return out
-    except (nats.errors.Error, TimeoutError) as exc:
+    except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
         raise NatsUnavailable(f"stream {stream}: {exc!r}") from exc
     reader = OrderedReader(js, stream, subject, after_seq + 1, min(limit, 1000), headers_only=True)
     try:
         scanned = 0
+        quiet_since = time.monotonic()
         while scanned < limit:
-            msgs = await reader.fetch(wait_s=wait_s)
+            msgs = await reader.fetch(wait_s=0.5)
             if not msgs:
-                break
+                if time.monotonic() - quiet_since > read_s:  # found above, yet not delivered: a lower bound
+                    out.capped = True
+                    break
+                continue
+            quiet_since = time.monotonic()
             for m in msgs:
                 scanned += 1
                 headers = m.headers or {}
                 table = headers.get(envelope.TABLE_HEADER, "")
-                if not table or not include(table):
+                if not table or not wanted(headers):
                     continue
                 rows = _int(headers.get(envelope.ROWS_HEADER))
                 ts = _int(headers.get(envelope.TS_HEADER)) or None
@@ -91,21 +98,30 @@ async def backlog(js: JetStreamContext, stream: str, subject: str, after_seq: in
                 out.total.add(rows, ts)
             if reader.drained:
                 break
-        out.capped = scanned >= limit and reader.pending > 0
-        if out.capped:
+        if scanned >= limit and reader.pending > 0:
+            out.capped = True
             out.total.messages += reader.pending  # not read: counted, not split by table
     finally:
         await reader.close()
     return out
 
 
-def client_filter(pattern: str | None) -> Callable[[str], bool]:
-    """A store client's table filter (RE2 over db.table, as the store matches it) as a predicate."""
+def client_wants(pattern: str | None, min_ts: int = 0, min_scn: int = 0) -> Callable[[Mapping[str, str]], bool]:
+    """What the store hands a client, by a message's headers (`services.store.batches.wanted`): its
+    tables (RE2 over db.table), nothing before a rewind's time or order key."""
     try:
         compiled = compile_pattern(pattern or ".*")
     except PatternError:  # the store refused it at subscribe: nothing reaches such a client
         return lambda _: False
-    return lambda table: compiled.fullmatch(table) is not None
+
+    def wanted(headers: Mapping[str, str]) -> bool:
+        if min_ts and _int(headers.get(envelope.TS_HEADER)) < min_ts:
+            return False
+        if min_scn and _int(headers.get(envelope.SCN_HEADER)) < min_scn:
+            return False
+        return compiled.fullmatch(headers.get(envelope.TABLE_HEADER, "")) is not None
+
+    return wanted
 
 
 def now_ms() -> int:

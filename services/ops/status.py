@@ -78,6 +78,7 @@ async def collect(url: str, prefix: str, source: str, partitions: int | None) ->
         clients = _edge(await _clients(nc, names, source, cursors), streams.get(names.cdc_stream))
         return {
             "source": source,
+            "prefix": prefix,
             "parser": {**parser, "age_s": round((now - parser["updated_ms"]) / 1000, 1),
                        "active": leases.get(keys.parser_lease(source))} if isinstance(parser, dict) else None,
             "partitions": [{"partition": p, "owner": owners.get(p), "tables": tables.get(p, 0),
@@ -114,42 +115,58 @@ async def _lag(js: JetStreamContext, names: Names, source: str, streams: dict[st
     and per table. Partitions and clients whose position counts in another stream are left out
     (`problems` names them)."""
     now = lag.now_ms()
-    stages: dict[str, lag.Backlog] = {}
+    stages: dict[str, lag.Backlog | None] = {}  # None: it could not be read
     raw, cdc = streams.get(names.raw_stream), streams.get(names.cdc_stream)
     if raw is not None:
-        sinks = stages[SINK_STAGE] = lag.Backlog()
+        sinks = lag.Backlog()
         for p, c in part_cursors.items():
             if c is not None and c.stream_id and c.stream_id != raw["id"]:
                 continue
             if c is None and not tables.get(p):
                 continue  # no cursor and no table: nothing to read
             after = c.handled if c is not None else raw["first_seq"] - 1
-            sinks.merge(await lag.backlog(js, names.raw_stream, names.raw_partition_filter(source, p), after))
+            try:
+                sinks.merge(await lag.backlog(js, names.raw_stream, names.raw_partition_filter(source, p), after))
+            except NatsUnavailable:
+                stages[SINK_STAGE] = None
+                break
+        else:
+            stages[SINK_STAGE] = sinks
     if cdc is not None:
         for name, c in sorted(clients.items()):
-            if name == "_note" or not isinstance(c.get("acked"), int):
+            if name == "_note" or not isinstance(c.get("acked"), int) or _redefined(c, cdc):
                 continue
-            after = max(c["acked"], cdc["first_seq"] - 1)
-            stages[client_stage(name)] = await lag.backlog(js, names.cdc_stream, names.cdc_source_filter(source),
-                                                           after, include=lag.client_filter(c.get("filter")))
+            wanted = lag.client_wants(c.get("filter"), int(c.get("min_ts") or 0), int(c.get("min_scn") or 0))
+            try:
+                stages[client_stage(name)] = await lag.backlog(
+                    js, names.cdc_stream, names.cdc_source_filter(source), max(c["acked"], cdc["first_seq"] - 1),
+                    wanted=wanted)
+            except NatsUnavailable:
+                stages[client_stage(name)] = None
     per_table: dict[str, dict[str, Any]] = {}
     for stage, b in stages.items():
-        for table, behind in b.tables.items():
+        for table, behind in (b.tables if b is not None else {}).items():
             row = per_table.setdefault(table, {"seconds": 0.0})
             row[stage] = behind.rows
             row["seconds"] = max(row["seconds"], round(behind.seconds(now), 1))
     return {
-        "stages": {stage: {"rows": b.total.rows, "messages": b.total.messages, "capped": b.capped,
-                           "seconds": round(b.total.seconds(now), 1)} for stage, b in stages.items()},
+        "stages": {stage: None if b is None else {"rows": b.total.rows, "messages": b.total.messages,
+                                                  "capped": b.capped, "seconds": round(b.total.seconds(now), 1)}
+                   for stage, b in stages.items()},
         "tables": dict(sorted(per_table.items(), key=lambda kv: -kv[1]["seconds"])),
     }
+
+
+def _redefined(client: dict[str, Any], cdc: dict[str, Any]) -> bool:
+    """Whether the client's position counts in an earlier BINLAKE_CDC (the store refuses its gets)."""
+    return bool(client.get("stream_id")) and client["stream_id"] != cdc.get("id")
 
 
 async def _clients(nc: NATS, names: Names, source: str, cursors: dict[str, Any]) -> dict[str, Any]:
     """Client cursors, from meta: they live in its backend (KV, or MySQL with `--backend mysql`).
 
     Without a meta answering, the KV bucket is what there is (and says so)."""
-    fields = ("acked", "delivered", "batches", "filter")
+    fields = ("acked", "delivered", "batches", "filter", "stream_id", "min_ts", "min_scn")
     try:
         meta = MetaClient(nc, names.prefix, timeout_s=3.0)
         entries = [(k, e.value) for k, e in await meta.list_cursors(keys.clients_prefix(source))]
@@ -188,6 +205,7 @@ PARSER_QUIET_S = 60.0  # a parser reports its position every second while it run
 def problems(s: dict[str, Any]) -> list[str]:
     """What keeps the pipeline from being fresh and whole, in words, with what to do."""
     out: list[str] = []
+    names = Names(s.get("prefix") or "binlake")
     streams = s.get("streams") or {}
     for name, info in streams.items():
         if info is None:
@@ -201,23 +219,28 @@ def problems(s: dict[str, Any]) -> list[str]:
         if p.get("age_s", 0) > PARSER_QUIET_S:
             out.append(f"the parser last reported its position {p['age_s']:.0f} s ago: is it running? (its /healthz "
                        "says why it waits)")
-    raw = streams.get("BINLAKE_RAW") or {}
+    raw = streams.get(names.raw_stream) or {}
     redefined = [part["partition"] for part in s.get("partitions") or []
                  if part.get("stream_id") and raw.get("id") and part["stream_id"] != raw["id"]]
     if redefined:
-        out.append(f"sink partitions {redefined} count in an earlier BINLAKE_RAW (deleted and defined again): they "
-                   "are halted; `binlake rewind --sink-partition all --to-start`, then restart the sinks")
+        out.append(f"sink partitions {redefined} count in an earlier {names.raw_stream} (deleted and defined "
+                   "again): they are halted; `binlake rewind --sink-partition all --to-start`, then restart the sinks")
     orphans = [part["partition"] for part in s.get("partitions") or [] if part.get("tables") and not part.get("owner")]
     if orphans:
         out.append(f"no sink worker owns partitions {orphans} (they hold tables): start `binlake sink`")
-    dlq = streams.get("BINLAKE_DLQ") or {}
+    dlq = streams.get(names.dlq_stream) or {}
     if dlq.get("messages"):
-        out.append(f"{dlq['messages']} dead letters in BINLAKE_DLQ stopped their partitions: `nats stream view "
-                   "BINLAKE_DLQ` shows each one's Binlake-Dlq-Reason")
+        out.append(f"{dlq['messages']} dead letters in {names.dlq_stream} stopped their partitions: `nats stream "
+                   f"view {names.dlq_stream}` shows each one's Binlake-Dlq-Reason")
+    cdc = streams.get(names.cdc_stream)
+    for name, c in (s.get("clients") or {}).items():
+        if name != "_note" and cdc is not None and _redefined(c, cdc):
+            out.append(f"client {name} counts in an earlier {names.cdc_stream} (deleted and defined again): the "
+                       f"store refuses its gets; `binlake rewind {name} --to-start`")
     for name, c in (s.get("clients") or {}).items():
         if name != "_note" and isinstance(c.get("retention_headroom"), int) and c["retention_headroom"] < 0:
             out.append(f"client {name}: {-c['retention_headroom']} messages it had not read were removed by "
-                       "BINLAKE_CDC's limits; snapshot its tables again (binlake snapshot) and rewind it")
+                       f"{names.cdc_stream}'s limits; snapshot its tables again (binlake snapshot) and rewind it")
     for client, tables in (s.get("held") or {}).items():
         out.append(f"{client} set aside {len(tables)} table(s): {', '.join(sorted(tables))} (reasons below)")
     for t in s.get("snapshots") or []:
@@ -241,6 +264,9 @@ def _lag_lines(s: dict[str, Any]) -> list[str]:
     p = s.get("parser")
     rows = [("binlog → RAW", "-", f"{p.get('lag_ms', 0) / 1000:.1f}" if p else "-")]
     for stage, b in stages.items():
+        if b is None:
+            rows.append((stage, "?", "?"))  # NATS did not answer in time
+            continue
         more = "≥" if b["capped"] else ""
         rows.append((stage, f"{more}{b['rows']:,}", f"{b['seconds']:.1f}"))
     lines = ["lag (rows not yet through each stage; seconds since the oldest of them was committed at the source)"]

@@ -128,8 +128,8 @@ class SchemaRecorder:
         return written.revision
 
     async def _consider(self, subject: str, headers: dict[str, str], seq: int) -> None:
-        op = headers.get("Binlake-Op")
-        schema_id = headers.get("Binlake-Schema")
+        op = headers.get(envelope.OP_HEADER)
+        schema_id = headers.get(envelope.SCHEMA_HEADER)
         parts = subject.split(".")
         table_key = (unescape_token(parts[-2]), unescape_token(parts[-1]))
         if op != "ddl" and not (schema_id and self._last_schema.get(table_key) != schema_id):

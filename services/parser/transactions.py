@@ -401,5 +401,5 @@ class Assembler:
         rows = len(env.get("rows") or ())
         headers = envelope.headers(env, mid)
         if schema_id:
-            headers["Binlake-Schema"] = schema_id
+            headers[envelope.SCHEMA_HEADER] = schema_id
         return Outgoing(subject, data, mid, headers, env["op"], env["ts"], rows, resume, last, order=order)

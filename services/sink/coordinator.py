@@ -83,6 +83,10 @@ class Coordinator:
         worker = self._make(p)
         try:
             await supervise_call(worker.run, self._restart, worker.log, self._health, f"partition {p}")
+        except asyncio.CancelledError:
+            if self._health is not None:
+                self._health.room()  # a full JetStream it waited for is reported by those that still write
+            raise
         except PartitionHalted:
             self.halted.add(p)
             self._halted_gauge.set(1, partition=str(p))

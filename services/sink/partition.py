@@ -226,7 +226,7 @@ class PartitionWorker:
             data = envelope.encode(shaped)
             schema_id = envelope.schema_id_of(shaped)
             if schema_id:
-                headers["Binlake-Schema"] = schema_id
+                headers[envelope.SCHEMA_HEADER] = schema_id
         return Out(cdc_subject, data, headers, seq)
 
     def _route(self, subject: str, env: dict[str, Any]) -> str:

@@ -69,7 +69,7 @@ def wanted(subject_tokens: tuple[str, str], headers: dict[str, str], state: Clie
         return False  # heartbeats and table-less DDL are binlake's own business
     if state.min_ts and int(headers.get(envelope.TS_HEADER, 0)) < state.min_ts:
         return False
-    if state.min_scn and int(headers.get("Binlake-Scn", 0)) < state.min_scn:
+    if state.min_scn and int(headers.get(envelope.SCN_HEADER, 0)) < state.min_scn:
         return False
     return pattern.fullmatch(f"{db}.{table}") is not None
 

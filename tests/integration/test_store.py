@@ -27,6 +27,7 @@ from nats.aio.client import Client as NATS
 
 from services.launcher.processes import ServiceProcess
 from services.launcher.servers import free_port
+from services.ops import status
 from services.store.config import StoreConfig
 from services.store.server import EXTEND
 from shared import envelope, jetstream
@@ -489,24 +490,30 @@ async def test_a_client_ahead_of_a_stream_defined_again_halts_until_rewound_to_i
     await c.subscribe(filter=stack.table_filter())
     assert row_count(events_of(await drain(c))) == 30
     js = stack.nc.jetstream()
+    healthz = f"http://127.0.0.1:{stack.store_port}/healthz"
+    assert await asyncio.to_thread(http_get, healthz) == (200, "ok\n")
     await js.delete_stream("BINLAKE_CDC")
+    with pytest.raises(RpcError) as away:  # the store cannot read its stream: /healthz says so
+        await c.get(max_rows=5)
+    assert away.value.code == "unavailable" and "BINLAKE_CDC does not exist" in str(away.value), away.value
+    code, body = await asyncio.to_thread(http_get, healthz)
+    assert code == 503 and "BINLAKE_CDC does not exist" in body, body
     await jetstream.ensure_stream(js, jetstream.cdc_stream_config(Names()))  # as `binlake init` does
     await stack.sql(*inserts(db, 31, 5))
     after = await stack.wait_cdc(5)
     assert after[-1].seq < 30  # the new stream's sequences are all at or below the client's position
-    healthz = f"http://127.0.0.1:{stack.store_port}/healthz"
-    assert await asyncio.to_thread(http_get, healthz) == (200, "ok\n")
     for _ in range(2):  # and it stays halted
         with pytest.raises(StreamRedefined) as err:
             await c.get(max_rows=5)
         assert "BINLAKE_CDC was deleted and defined again" in str(err.value)
         assert "binlake rewind reset --to-start" in str(err.value)
-    code, body = await asyncio.to_thread(http_get, healthz)  # the store cannot serve the client: it says so
-    assert code == 503 and "BINLAKE_CDC was deleted and defined again" in body, body
+    # The store reads its stream again: the client's own state is for `binlake status` to name.
+    assert await asyncio.to_thread(http_get, healthz) == (200, "ok\n")
+    shown = await status.collect(stack.nats_url, "binlake", "main", None)
+    assert any("client reset counts in an earlier BINLAKE_CDC" in p for p in status.problems(shown)), shown
     done = await asyncio.to_thread(binlake_cli, stack.nats_url, "rewind", "reset", "--to-start")
     assert done.returncode == 0, done.stderr
     assert ids_of(events_of(await drain(c))) == list(range(31, 36))
-    assert await asyncio.to_thread(http_get, healthz) == (200, "ok\n")
 
 
 @pytest.mark.timeout(240)
@@ -953,8 +960,6 @@ async def test_a_transaction_of_rows_larger_than_a_message_comes_whole(stack: St
 @pytest.mark.timeout(240)
 async def test_status_shows_each_stages_backlog_per_table_in_rows_and_seconds(
         services: Stack, parser_factory: ParserFactory, sink_factory: Callable[..., ServiceProcess]) -> None:
-    from services.ops import status
-
     db = services.db
     await asyncio.to_thread(parser_factory)
     sink = sink_factory("sink")

@@ -18,6 +18,7 @@ from nats.js.api import StreamConfig
 
 from services.launcher.processes import ServiceProcess
 from services.launcher.servers import NatsServer, free_port, start_nats
+from shared.actor import RECOVERED_S
 from tests.integration.conftest import ParserFactory
 from tests.integration.support import count_rows, http_get, read_stream_sync, wait_until
 from tests.servers import MariaDB
@@ -121,7 +122,7 @@ def test_a_full_jetstream_stops_capture_with_the_reason_and_loses_nothing(
             return _unhealthy(p) is None
 
         try:
-            wait_until(healthy, 30, f"the {name} healthy again")
+            wait_until(healthy, 30 + RECOVERED_S, f"the {name} healthy again")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; it says: {_unhealthy(port)}") from None
     assert parser.running and sink.running

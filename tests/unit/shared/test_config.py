@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -245,3 +246,13 @@ def test_every_streams_limits_are_settings():
     cfg = ParserConfig.from_env({"BINLAKE_SOURCE_URL": "mysql://u@h/", "BINLAKE_RAW_MAX_BYTES": "1048576",
                                  "BINLAKE_DLQ_MAX_AGE_S": "86400"})
     assert cfg.limits == {"raw": (7 * 86400.0, 1048576), "cdc": (7 * 86400.0, -1), "dlq": (86400.0, -1)}
+
+
+def test_the_nats_section_reaches_every_service_and_a_services_own_section_wins(tmp_path: Path) -> None:
+    from services.store.config import StoreConfig
+
+    toml = tmp_path / "binlake.toml"
+    toml.write_text('[nats]\nnats_url = "nats://bus:4222"\nnats_user = "u"\nnats_password = "p"\n'
+                    '[store]\nnats_user = "store"\n')
+    cfg = load(StoreConfig, "store", {"BINLAKE_CONFIG": str(toml)})
+    assert (cfg.nats_url, cfg.nats_user, cfg.nats_password) == ("nats://bus:4222", "store", "p")

@@ -128,3 +128,21 @@ def test_the_console_form_is_one_line_per_event_without_the_service(capsys: pyte
         structlog.contextvars.clear_contextvars()
     assert line.count("\n") == 1 and "sink.rebalance" in line and "owned=[1, 2]" in line, line
     assert "service" not in line and "hunter2" not in line and not line.startswith("{"), line
+
+
+@pytest.mark.parametrize("style", ["json", "console"])
+def test_an_exceptions_message_is_redacted_in_either_form(style: str, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BINLAKE_LOG_FORMAT", style)
+    configure("parser")
+    try:
+        try:
+            raise ValueError("cannot reach mysql://binlake:hunter2@db:3306")
+        except ValueError:
+            structlog.get_logger().exception("source.failed")
+        out = capsys.readouterr().err
+    finally:
+        structlog.reset_defaults()
+        structlog.contextvars.clear_contextvars()
+    assert "source.failed" in out and "mysql://binlake:***@db:3306" in out, out
+    assert "hunter2" not in out, out
