@@ -38,7 +38,10 @@ class Rewinder:
         self._backend = backend
 
     async def to_timestamp(self, source: str, client: str, ts_ms: int) -> dict[str, Any]:
-        start = dt.datetime.fromtimestamp(ts_ms / 1000, dt.UTC)
+        try:
+            start = dt.datetime.fromtimestamp(ts_ms / 1000, dt.UTC)
+        except (ValueError, OverflowError, OSError):
+            raise BadRequest(f"timestamp {ts_ms} is not a time in epoch milliseconds") from None
         seq, stream = await self._first(source, lambda h: int(h.get(envelope.TS_HEADER, 0)) >= ts_ms, start_time=start)
         return await self._apply(source, client, seq, stream, min_ts=ts_ms)
 

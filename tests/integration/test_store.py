@@ -422,6 +422,8 @@ async def test_protocol_errors_are_clear(stack: Stack) -> None:
     await refused(meta.rewind("main", "strict", timestamp_ms=1, position="mysql-bin.000001:4"), "bad_request",
                   "give exactly one of")
     await refused(meta.rewind("main", "ghost", timestamp_ms=1), "unknown_client", "has never subscribed")
+    await refused(meta.rewind("main", "strict", timestamp_ms=1732000000000000 * 1000), "bad_request",
+                  "is not a time in epoch milliseconds")  # microseconds by mistake, and then some
 
 
 # -- rollback and dead clients ------------------------------------------------------------------
