@@ -228,6 +228,7 @@ class ServiceConfig(NatsSettings):
     cdc_max_bytes: int = CDC_LIMITS[1]  # BINLAKE_CDC's size limit in bytes (-1: none)
     dlq_max_age_s: float = DLQ_LIMITS[0]  # BINLAKE_DLQ's age limit in seconds (0: none: dead letters wait for a person)
     dlq_max_bytes: int = DLQ_LIMITS[1]  # BINLAKE_DLQ's size limit in bytes (-1: none)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         for stream in STREAMS:

@@ -33,6 +33,7 @@ class ParserConfig(config.ServiceConfig):
     snapshot_max_rows_s: float = 0.0  # rate limit over all tables; 0 = unlimited
     snapshot_poll_s: float = 1.0  # how often snapshot requests are looked for
     snapshot_scan_s: float = 10.0  # how often BINLAKE_SNAPSHOT_TABLES looks for new tables
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.source_stall_s and self.source_stall_s < 2 * self.heartbeat_s:
