@@ -83,8 +83,9 @@ def test_make_env_writes_private_random_passwords_once(tmp_path: Path) -> None:
     assert env.stat().st_mode & 0o777 == 0o600
     values = dict(line.split("=", 1) for line in env.read_text().splitlines())
     assert set(values) == {"MYSQL_ROOT_PASSWORD", "BINLAKE_SOURCE_PASSWORD", "BINLAKE_ROUTE_PASSWORD",
-                           "BINLAKE_SPARK_SECRET", *(f"BINLAKE_{r.upper()}_PASSWORD" for r in permissions.ROLES)}
-    assert all(len(v) == 32 and int(v, 16) >= 0 for v in values.values()) and len(set(values.values())) == 10
+                           "BINLAKE_SPARK_SECRET", "BINLAKE_GRAFANA_PASSWORD",
+                           *(f"BINLAKE_{r.upper()}_PASSWORD" for r in permissions.ROLES)}
+    assert all(len(v) == 32 and int(v, 16) >= 0 for v in values.values()) and len(set(values.values())) == 11
     before = env.read_text()
     again = subprocess.run(["sh", str(script)], check=True, capture_output=True, text=True)
     assert env.read_text() == before and "kept" in again.stderr
