@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from shared import kv_values
 
@@ -32,5 +33,13 @@ class PartitionCursor:
     @classmethod
     def decode(cls, value: bytes | None, key: str, bucket: str) -> PartitionCursor:
         """The stored cursor; ForeignValue when binlake cannot have written it."""
-        d = kv_values.load_json(value, key, bucket)
-        return cls(int(d.get("seq", 0)), int(d.get("seen", 0)), str(d.get("stream_id", "")))
+        return cls.from_dict(kv_values.load_json(value, key, bucket), key, bucket)
+
+    @classmethod
+    def from_dict(cls, decoded: Any, key: str, bucket: str) -> PartitionCursor:
+        """The stored cursor already parsed from JSON; ForeignValue when binlake cannot have written it."""
+        d = kv_values.checked(decoded, key, bucket)
+        try:
+            return cls(int(d.get("seq", 0)), int(d.get("seen", 0)), str(d.get("stream_id", "")))
+        except (TypeError, ValueError):
+            raise kv_values.foreign(json.dumps(d).encode(), key, bucket, "its seq or seen is not a number") from None

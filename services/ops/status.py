@@ -20,7 +20,7 @@ from services.ops.common import nats_auth, nats_url, run
 from shared import jetstream, keys
 from shared import snapshots as snap
 from shared.assignment import owned, tables_per_partition
-from shared.errors import NatsUnavailable
+from shared.errors import ForeignValue, NatsUnavailable
 from shared.meta_client import MetaClient
 from shared.partition_cursor import PartitionCursor
 from shared.subjects import Names
@@ -74,7 +74,8 @@ async def collect(url: str, prefix: str, source: str, partitions: int | None) ->
                   for p in owned(members, m, partitions, tables)}
         parser = cursors.get(keys.parser_cursor(source))
         now = int(time.time() * 1000)
-        part_cursors = {p: _partition_cursor(cursors.get(keys.partition_cursor(source, p))) for p in range(partitions)}
+        part_cursors = {p: _partition_cursor(cursors.get(key := keys.partition_cursor(source, p)), key,
+                                             names.cursors_bucket) for p in range(partitions)}
         clients = _edge(await _clients(nc, names, source, cursors), streams.get(names.cdc_stream))
         return {
             "source": source,
@@ -96,9 +97,14 @@ async def collect(url: str, prefix: str, source: str, partitions: int | None) ->
         await nc.close()
 
 
-def _partition_cursor(value: Any) -> PartitionCursor | None:
-    return PartitionCursor(int(value.get("seq", 0)), int(value.get("seen", 0)), str(value.get("stream_id", ""))) \
-        if isinstance(value, dict) else None
+def _partition_cursor(value: Any, key: str, bucket: str) -> PartitionCursor | None:
+    """The partition's cursor; None when there is none, or none binlake wrote (the sink halts on it and says so)."""
+    if value is None:
+        return None
+    try:
+        return PartitionCursor.from_dict(value, key, bucket)
+    except ForeignValue:
+        return None
 
 
 SINK_STAGE = "RAW → CDC"
@@ -234,11 +240,12 @@ def problems(s: dict[str, Any]) -> list[str]:
                    f"view {names.dlq_stream}` shows each one's Binlake-Dlq-Reason")
     cdc = streams.get(names.cdc_stream)
     for name, c in (s.get("clients") or {}).items():
-        if name != "_note" and cdc is not None and _redefined(c, cdc):
+        if name == "_note":
+            continue
+        if cdc is not None and _redefined(c, cdc):
             out.append(f"client {name} counts in an earlier {names.cdc_stream} (deleted and defined again): the "
                        f"store refuses its gets; `binlake rewind {name} --to-start`")
-    for name, c in (s.get("clients") or {}).items():
-        if name != "_note" and isinstance(c.get("retention_headroom"), int) and c["retention_headroom"] < 0:
+        elif isinstance(c.get("retention_headroom"), int) and c["retention_headroom"] < 0:
             out.append(f"client {name}: {-c['retention_headroom']} messages it had not read were removed by "
                        f"{names.cdc_stream}'s limits; snapshot its tables again (binlake snapshot) and rewind it")
     for client, tables in (s.get("held") or {}).items():

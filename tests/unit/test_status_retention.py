@@ -58,3 +58,13 @@ def test_a_healthy_pipeline_says_so_and_shows_its_lag_per_stage_and_table() -> N
     assert "no problems" in lines
     assert "CDC → loader ≥1,200 3.2" in lines, out
     assert "table RAW → CDC CDC → loader seconds" in lines and "shop.orders 0 1,200 3.2" in lines, out
+
+
+def test_a_partition_cursor_binlake_did_not_write_is_no_cursor() -> None:
+    from services.ops.status import _partition_cursor
+
+    assert _partition_cursor({"seq": "x"}, "sink.main.p3", "binlake_cursors") is None
+    assert _partition_cursor({"stream": "BINLAKE_RAW", "seq": 6}, "sink.main.p3", "binlake_cursors") is None
+    assert _partition_cursor(None, "sink.main.p3", "binlake_cursors") is None
+    cursor = _partition_cursor({"seq": 5, "seen": 9, "stream_id": "s"}, "sink.main.p3", "binlake_cursors")
+    assert cursor is not None and cursor.handled == 9
