@@ -83,6 +83,11 @@ def read_toml(path: str | None) -> dict[str, Any]:
         raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
 
 
+def env_name(field_name: str) -> str:
+    """The environment variable of a config field."""
+    return f"BINLAKE_{field_name.upper()}"
+
+
 def load(cls: type[C], section: str, env: Mapping[str, str] | None = None) -> C:
     """Build `cls` from the environment and the TOML file (see module docstring)."""
     env = os.environ if env is None else env
@@ -96,7 +101,7 @@ def load(cls: type[C], section: str, env: Mapping[str, str] | None = None) -> C:
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if not f.init:
             continue
-        env_key = f"BINLAKE_{f.name.upper()}"
+        env_key = env_name(f.name)
         if env_key in env:
             raw: Any = env[env_key]
         elif f"{env_key}_FILE" in env:

@@ -45,10 +45,10 @@ class LoaderConfig(config.ServiceConfig):
         super().__post_init__()
         for name in ("batch_rows", "merge_rows", "batch_bytes"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"BINLAKE_{name.upper()} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{config.env_name(name)} must be >= 1, got {getattr(self, name)}")
         for name in ("flush_s", "merge_s"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"BINLAKE_{name.upper()} must be > 0, got {getattr(self, name)}")
+                raise ConfigError(f"{config.env_name(name)} must be > 0, got {getattr(self, name)}")
         if self.flush_s > 60:
             raise ConfigError(f"BINLAKE_FLUSH_S must be at most 60 (the store's longest wait), got {self.flush_s}")
         if self.catalog_type != "hadoop" and not (self.catalog_uri or self.catalog_options):

@@ -23,7 +23,7 @@ from services.meta.config import MetaConfig
 from services.parser.config import ParserConfig
 from services.sink.config import SinkConfig
 from services.store.config import StoreConfig
-from shared.config import NatsSettings, ServiceConfig
+from shared.config import NatsSettings, ServiceConfig, default_instance, env_name
 from shared.logging import LOG_COLOR_ENV, LOG_FORMAT_ENV
 
 SECTIONS: tuple[tuple[str, str, type, str], ...] = (
@@ -137,7 +137,7 @@ def _default(f: dataclasses.Field[object]) -> str:
         return f"`{value}`" if value != "" else "(empty)"
     if f.default_factory is not dataclasses.MISSING:
         made = f.default_factory()
-        return "`<hostname>-<pid>`" if f.name == "instance" else f"`{made}`" if made else "(none)"
+        return "`<hostname>-<pid>`" if f.default_factory is default_instance else f"`{made}`" if made else "(none)"
     return "**required**"
 
 
@@ -156,14 +156,14 @@ def _rows(cls: type) -> list[str]:
         meaning = own[name] or inherited.get(name, "")
         if not meaning:
             raise MissingDoc(f"{cls.__module__}.{cls.__name__}.{name} has no comment: say what it means")
-        env, cell = f"BINLAKE_{name.upper()}", meaning.replace("|", "\\|")
+        env, cell = env_name(name), meaning.replace("|", "\\|")
         rows.append(f"| `{env}` | {_type(hints[name])} | {_default(fields[name])} | {cell} |")
     return rows
 
 
 def settings() -> set[str]:
     """Every setting's environment name (without the `_FILE` forms)."""
-    names = {f"BINLAKE_{f.name.upper()}" for _, _, cls, _ in SECTIONS
+    names = {env_name(f.name) for _, _, cls, _ in SECTIONS
              for f in dataclasses.fields(cls)}
     return names | {o.name for o in (*OTHERS, *COMPOSE)}
 

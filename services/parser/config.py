@@ -48,7 +48,7 @@ class ParserConfig(config.ServiceConfig):
                               f"BINLAKE_SNAPSHOT_CHUNK_ROWS ({self.snapshot_chunk_rows})")
         for name in ("buffer_bytes", "publish_window_bytes"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"BINLAKE_{name.upper()} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"{config.env_name(name)} must be at least 1, got {getattr(self, name)}")
         if not 1 <= self.snapshot_parallel <= 64:
             raise ConfigError(f"BINLAKE_SNAPSHOT_PARALLEL must be 1..64, got {self.snapshot_parallel}")
         if self.snapshot_poll_s <= 0 or self.snapshot_scan_s <= 0:

@@ -21,7 +21,7 @@ class StoreConfig(config.ServiceConfig):
         super().__post_init__()
         for name in ("max_batch_rows", "max_batch_bytes", "prefetch_bytes"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"BINLAKE_{name.upper()} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"{config.env_name(name)} must be at least 1, got {getattr(self, name)}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> StoreConfig:
