@@ -57,7 +57,9 @@ def _convert(name: str, raw: Any, kind: Any) -> Any:
         if kind is float:
             return float(raw)
         if kind is str:
-            return str(raw)
+            if not isinstance(raw, str):  # from TOML: a number or a list where text belongs is a mistake
+                raise ValueError(raw)
+            return raw
         if origin is dict or kind is dict:
             value = json.loads(raw) if isinstance(raw, str) else raw
             if not isinstance(value, dict):
@@ -94,7 +96,9 @@ def load(cls: type[C], section: str, env: Mapping[str, str] | None = None) -> C:
     doc = read_toml(env.get("BINLAKE_CONFIG"))
     scoped = doc.get(section, {}) if isinstance(doc.get(section), dict) else {}
     # How to reach NATS is the same for every service and command: `[nats]` holds it for all.
-    shared_nats = doc.get("nats", {}) if isinstance(doc.get("nats"), dict) else {}
+    shared_nats = doc.get("nats", {})
+    if not isinstance(shared_nats, dict):
+        raise ConfigError(f"`nats` in BINLAKE_CONFIG must be a table ([nats]), got {shared_nats!r}")
     nats_fields = {f.name for f in dataclasses.fields(NatsSettings)}
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}

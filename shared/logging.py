@@ -47,11 +47,13 @@ def redact_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableM
 def _redacted(key: str, value: Any) -> Any:
     if _SECRET_KEYS.search(key) and value is not None:
         return "***"
+    if isinstance(value, (bytes, bytearray)):
+        value = value.decode(errors="replace")
     if isinstance(value, str):
         return redact(value) if "@" in value else value
     if isinstance(value, dict):
         return {k: _redacted(str(k), v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, set, frozenset)):
         return [_redacted("", v) for v in value]
     return value
 

@@ -15,6 +15,8 @@ from typing import Any
 
 from shared import kv_values
 
+MAX_SEQ = 1 << 63  # JetStream's sequences are unsigned 64-bit; a cursor beyond is no one's
+
 
 @dataclass(frozen=True)
 class PartitionCursor:
@@ -40,6 +42,9 @@ class PartitionCursor:
         """The stored cursor already parsed from JSON; ForeignValue when binlake cannot have written it."""
         d = kv_values.checked(decoded, key, bucket)
         try:
-            return cls(int(d.get("seq", 0)), int(d.get("seen", 0)), str(d.get("stream_id", "")))
-        except (TypeError, ValueError):
-            raise kv_values.foreign(json.dumps(d).encode(), key, bucket, "its seq or seen is not a number") from None
+            seq, seen = int(d.get("seq", 0)), int(d.get("seen", 0))
+        except (TypeError, ValueError, OverflowError):
+            seq = seen = -1
+        if not (0 <= seq < MAX_SEQ and 0 <= seen < MAX_SEQ):
+            raise kv_values.foreign(json.dumps(d).encode(), key, bucket, "its seq or seen is no stream sequence")
+        return cls(seq, seen, str(d.get("stream_id", "")))

@@ -17,10 +17,17 @@ from shared.errors import BinlakeError, ConfigError
 T = TypeVar("T")
 
 
+def _url_given(settings: NatsSettings) -> bool:
+    """Whether the URL was set (environment, file or BINLAKE_CONFIG), not the default."""
+    return "BINLAKE_NATS_URL" in os.environ or settings.nats_url != NatsSettings.nats_url
+
+
 def nats_url() -> str:
-    """BINLAKE_NATS_URL, else the NATS of a local `binlake up` (its data dir), else the default."""
-    if "BINLAKE_NATS_URL" in os.environ:
-        return os.environ["BINLAKE_NATS_URL"]
+    """The NATS URL set (BINLAKE_NATS_URL, its _FILE or BINLAKE_CONFIG), else the NATS of a local
+    `binlake up` (its data dir), else the default."""
+    settings = NatsSettings.from_env()
+    if _url_given(settings):
+        return settings.nats_url
     ports = Path(os.environ.get("BINLAKE_DATA_DIR", ".binlake")) / "ports.json"
     try:
         return f"nats://127.0.0.1:{json.loads(ports.read_text())['nats']}"
@@ -31,7 +38,7 @@ def nats_url() -> str:
 def nats_auth() -> NatsSettings:
     """BINLAKE_NATS_* login settings, else, with the URL of a local `binlake up`, its login."""
     settings = NatsSettings.from_env()
-    if "BINLAKE_NATS_URL" in os.environ or settings.nats_user or settings.nats_token or settings.nats_creds \
+    if _url_given(settings) or settings.nats_user or settings.nats_token or settings.nats_creds \
             or settings.nats_nkey_seed:
         return settings
     secret = login.password_file(Path(os.environ.get("BINLAKE_DATA_DIR", ".binlake")))

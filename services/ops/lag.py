@@ -78,6 +78,7 @@ async def backlog(js: JetStreamContext, stream: str, subject: str, after_seq: in
     try:
         scanned = 0
         quiet_since = time.monotonic()
+        latest = now_ms() + 60_000  # the source's clock may run a little ahead of ours
         while scanned < limit:
             msgs = await reader.fetch(wait_s=0.5)
             if not msgs:
@@ -92,8 +93,9 @@ async def backlog(js: JetStreamContext, stream: str, subject: str, after_seq: in
                 table = headers.get(envelope.TABLE_HEADER, "")
                 if not table or not wanted(headers):
                     continue
-                rows = _int(headers.get(envelope.ROWS_HEADER))
-                ts = _int(headers.get(envelope.TS_HEADER)) or None
+                rows = max(0, _int(headers.get(envelope.ROWS_HEADER)))
+                ts_ms = _int(headers.get(envelope.TS_HEADER))
+                ts = ts_ms if 0 < ts_ms <= latest else None  # a time no commit can have had says nothing
                 out.tables.setdefault(table, Behind()).add(rows, ts)
                 out.total.add(rows, ts)
             if reader.drained:

@@ -68,3 +68,10 @@ def test_a_partition_cursor_binlake_did_not_write_is_no_cursor() -> None:
     assert _partition_cursor(None, "sink.main.p3", "binlake_cursors") is None
     cursor = _partition_cursor({"seq": 5, "seen": 9, "stream_id": "s"}, "sink.main.p3", "binlake_cursors")
     assert cursor is not None and cursor.handled == 9
+
+
+def test_a_partition_cursor_beyond_any_stream_sequence_is_no_cursor() -> None:
+    from services.ops.status import _partition_cursor
+
+    for seq in (1.5e300, 1 << 64, -5, float("inf")):
+        assert _partition_cursor({"seq": seq}, "sink.main.p3", "binlake_cursors") is None, seq

@@ -256,3 +256,14 @@ def test_the_nats_section_reaches_every_service_and_a_services_own_section_wins(
                     '[store]\nnats_user = "store"\n')
     cfg = load(StoreConfig, "store", {"BINLAKE_CONFIG": str(toml)})
     assert (cfg.nats_url, cfg.nats_user, cfg.nats_password) == ("nats://bus:4222", "store", "p")
+
+
+@pytest.mark.parametrize(("text", "error"), [('nats = "x"\n', "`nats` in BINLAKE_CONFIG must be a table"),
+                                             ("[nats]\nnats_url = 5\n", "BINLAKE_NATS_URL must be str, got 5")])
+def test_a_nats_section_of_the_wrong_shape_stops_the_service(tmp_path: Path, text: str, error: str) -> None:
+    from services.store.config import StoreConfig
+
+    toml = tmp_path / "binlake.toml"
+    toml.write_text(text)
+    with pytest.raises(ConfigError, match=error):
+        load(StoreConfig, "store", {"BINLAKE_CONFIG": str(toml)})

@@ -146,3 +146,8 @@ def test_an_exceptions_message_is_redacted_in_either_form(style: str, capsys: py
         structlog.contextvars.clear_contextvars()
     assert "source.failed" in out and "mysql://binlake:***@db:3306" in out, out
     assert "hunter2" not in out, out
+
+
+def test_secrets_in_bytes_and_sets_are_redacted() -> None:
+    event = redact_secrets(None, "info", {"dsn": b"mysql://root:hunter2@db", "urls": {"nats://u:hunter2@n:4222"}})
+    assert "hunter2" not in str(event), event
