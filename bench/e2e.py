@@ -1,23 +1,27 @@
 #!/usr/bin/env python
 """End to end: how many row changes per second binlake carries from a commit into the lake.
 
-Runs the whole stack as `binlake up` runs it (a durable private MariaDB and nats-server; meta,
-store, parser, two sink workers and the Spark loader, each a process with `binlake up`'s
-environment). `--writers` threads (own connections, two tables each) drive 8 tables with
-transactions of 1-50 rows (inserts, updates, deletes; one table per transaction) at
-increasing target rates, each held for `--step-s` seconds. Every transaction's commit time is
-kept; two readers follow BINLAKE_RAW and BINLAKE_CDC (headers only: the row counts are there)
-and the loader's `loader_committed_seq` metric (polled every 0.25 s) says what the lake holds.
+The stack runs as `binlake up` runs it (bench/stack.py: a durable private MariaDB and
+nats-server, every service a process as its own NATS user). First the writers (`--writers`
+connections, transactions of 1-50 rows over 8 tables: inserts, updates, deletes) run unpaced
+for `--step-s` seconds with binlake stopped: the highest rate the source takes from them, the
+baseline. Then binlake starts and the writers hold increasing target rates, `--step-s`
+seconds each. Every transaction's commit time is kept; two readers follow BINLAKE_RAW and
+BINLAKE_CDC and the loader's `binlake_loader_committed_seq` metric (polled every 0.25 s) says
+what the lake holds.
 
 Per step it prints the achieved source rate, the lag of BINLAKE_RAW, BINLAKE_CDC and the lake
 behind the source at the end of the step (the age of the oldest transaction not there yet:
-RAW lag is the parser's, CDC minus RAW the sink's), CPU per process, and whether the step is
-sustainable: the source reached its target and neither lag grew over the step. It stops after
-the first step that is not (`--all` runs them all). Then freshness commit -> CDC and commit ->
-lake (p50/p99) at the first step, the highest sustainable rate, and `ratio` = that rate / the
-source's own bulk write rate (1,000-row INSERTs, measured first in the same run and server).
+RAW lag is the parser's, CDC minus RAW the sink's), CPU per process (with its children: the
+loader's JVM), and whether the step is sustainable: the source reached 90% of its target and
+neither lag grew over the step. It stops after the first step that is not (`--all` runs them
+all). Then freshness commit -> CDC and commit -> lake (p50/p99) of every step, the highest
+sustainable rate, and `steady ratio` = that rate / the writers' rate with binlake stopped.
+
+`--catch-up N` measures a backlog instead: bench/catch_up.py.
 
     python3 -m bench.e2e [--rates 1000 2000 ...] [--step-s 30] [--writers 4] [--workdir DIR]
+    python3 -m bench.e2e --catch-up 2000000
 """
 
 from __future__ import annotations
@@ -26,42 +30,28 @@ import argparse
 import asyncio
 import bisect
 import os
-import random
-import subprocess
-import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import arguments, percentile, proc_cpu, run_in_workdir, tail
-from services.launcher import login, source
-from services.launcher.app import DURABLE, child_env, services
+from bench.catch_up import catch_up
+from bench.common import arguments, percentile, run_in_workdir
+from bench.stack import (
+    Followers,
+    Stack,
+    Table,
+    Writers,
+    create_tables,
+    loader_seq,
+    new_tables,
+    oldest_missing,
+    rows_at,
+    tree_cpu,
+    unpaced_rate,
+)
 from services.launcher.config import LauncherConfig
-from services.launcher.processes import spawn, stop_all
-from services.launcher.servers import MariaDB, free_port, start_mariadb, start_nats
-from services.ops import init
-from shared import jetstream
-from shared.config import NatsSettings
-from shared.ordered_reader import OrderedReader
-from shared.subjects import Names
 
-DB = "e2e"
-TABLES = [f"t{i}" for i in range(8)]
-BULK_ROWS = 200_000
 POLL_S = 0.25
-
-
-@dataclass
-class Table:
-    """One source table as the writer left it, and where its changes have got to."""
-
-    name: str
-    live: list[int] = field(default_factory=list)  # ids that exist now
-    next_id: int = 1
-    commits: list[tuple[int, float]] = field(default_factory=list)  # (rows so far, commit time)
-    raw: list[tuple[int, int, float]] = field(default_factory=list)  # (RAW seq, rows so far, arrival time)
-    cdc: list[tuple[int, int, float]] = field(default_factory=list)  # (CDC seq, rows so far, arrival time)
 
 
 @dataclass
@@ -74,6 +64,8 @@ class Step:
     cdc_lag: list[tuple[float, float]] = field(default_factory=list)
     lake_lag: list[tuple[float, float]] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)
+    fresh_cdc: list[float] = field(default_factory=list)  # commit -> BINLAKE_CDC, ms, ascending
+    fresh_lake: list[float] = field(default_factory=list)  # commit -> lake
 
     @property
     def achieved(self) -> float:
@@ -92,126 +84,6 @@ class Step:
                 and not self.growing(self.lake_lag, 10.0))
 
 
-class Writer:
-    """Paced transactions over its own tables from one connection (a thread: pymysql blocks)."""
-
-    def __init__(self, mariadb: MariaDB, tables: list[Table], lock: threading.Lock, seed: int) -> None:
-        self._conn = mariadb.connect(autocommit=False)
-        self._tables = tables
-        self._rnd = random.Random(seed)
-        self.rate = 0.0
-        self.first = list(tables)  # every table once before random ones
-        self.rows = 0
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self.lock = lock
-
-    def run(self) -> None:
-        try:
-            due = time.monotonic()
-            while not self.stop.is_set():
-                if self.rate <= 0:
-                    time.sleep(0.05)
-                    due = time.monotonic()
-                    continue
-                n = self._txn()
-                due += n / self.rate
-                ahead = due - time.monotonic()
-                if ahead > 0:
-                    time.sleep(ahead)
-                elif ahead < -1.0:
-                    due = time.monotonic() - 1.0  # behind: do not build up an unbounded burst
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            self._conn.close()
-
-    def _txn(self) -> int:
-        t = self.first.pop() if self.first else self._rnd.choice(self._tables)
-        n = self._rnd.randint(1, 50)
-        kind = self._rnd.random()
-        with self._conn.cursor() as cur:
-            if kind < 0.6 or len(t.live) < 2 * n:
-                ids = list(range(t.next_id, t.next_id + n))
-                t.next_id += n
-                cur.execute(f"INSERT INTO `{DB}`.`{t.name}` VALUES " + ", ".join(
-                    f"({i}, {i % 997}, 'row-{i}', {i % 10000}.25, NOW(3))" for i in ids))
-                t.live.extend(ids)
-            elif kind < 0.9:
-                ids = self._rnd.sample(t.live, n)
-                cur.execute(f"UPDATE `{DB}`.`{t.name}` SET a = a + 1, d = NOW(3) "
-                            f"WHERE id IN ({','.join(map(str, ids))})")
-            else:
-                idx = sorted(self._rnd.sample(range(len(t.live)), n), reverse=True)
-                ids = [t.live[i] for i in idx]
-                for i in idx:
-                    t.live[i] = t.live[-1]
-                    t.live.pop()
-                cur.execute(f"DELETE FROM `{DB}`.`{t.name}` WHERE id IN ({','.join(map(str, ids))})")
-        self._conn.commit()
-        now = time.time()
-        with self.lock:
-            done = (t.commits[-1][0] if t.commits else 0) + n
-            t.commits.append((done, now))
-            self.rows += n
-        return n
-
-
-class Writers:
-    """`--writers` Writer threads, each with its own tables and connection (commits overlap, as
-    an application's would: one connection alone is bound by the durable commit's fsync)."""
-
-    def __init__(self, mariadb: MariaDB, tables: dict[str, Table], n: int) -> None:
-        self.lock = threading.Lock()
-        all_tables = list(tables.values())
-        self._writers = [Writer(mariadb, all_tables[i::n], self.lock, seed=7 + i) for i in range(n)]
-        self._threads = [threading.Thread(target=w.run, daemon=True) for w in self._writers]
-        for t in self._threads:
-            t.start()
-
-    def set_rate(self, rows_s: float) -> None:
-        for w in self._writers:
-            w.rate = rows_s / len(self._writers)
-
-    @property
-    def rows(self) -> int:
-        return sum(w.rows for w in self._writers)
-
-    @property
-    def error(self) -> BaseException | None:
-        return next((w.error for w in self._writers if w.error is not None), None)
-
-    def stop(self) -> None:
-        for w in self._writers:
-            w.stop.set()
-        for t in self._threads:
-            t.join(10)
-
-
-def bulk_rate(mariadb: MariaDB) -> float:
-    """The source's own write rate: 1,000-row INSERTs, one transaction each."""
-    mariadb.execute("CREATE DATABASE IF NOT EXISTS e2e_bulk",
-                    "CREATE TABLE e2e_bulk.t (id BIGINT PRIMARY KEY, a INT, b VARCHAR(40), c DECIMAL(12,2), "
-                    "d DATETIME(3))")
-    conn = mariadb.connect(autocommit=False)
-    started = time.monotonic()
-    try:
-        with conn.cursor() as cur:
-            for lo in range(0, BULK_ROWS, 1000):
-                cur.execute("INSERT INTO e2e_bulk.t VALUES " + ", ".join(
-                    f"({i}, {i % 997}, 'row-{i}', {i % 10000}.25, NOW(3))" for i in range(lo, lo + 1000)))
-                conn.commit()
-    finally:
-        conn.close()
-    return BULK_ROWS / (time.monotonic() - started)
-
-
-def oldest_missing(t: Table, arrived_rows: int, now: float) -> float:
-    """Age of the oldest transaction of `t` beyond `arrived_rows` (0 when all are there)."""
-    i = bisect.bisect_right(t.commits, (arrived_rows, float("inf")))
-    return now - t.commits[i][1] if i < len(t.commits) else 0.0
-
-
 def latencies(tables: dict[str, Table], since: float, until: float,
               arrival: dict[str, list[tuple[int, float]]]) -> list[float]:
     """Commit -> arrival (ms) of every transaction committed in [since, until)."""
@@ -227,66 +99,31 @@ def latencies(tables: dict[str, Table], since: float, until: float,
     return sorted(out)
 
 
-def loader_seq(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith("binlake_loader_committed_seq "):
-                    return int(float(line.split()[1]))
-    except OSError:
-        pass
-    return 0
-
-
-async def measure(args: argparse.Namespace, mariadb: MariaDB, nats_url: str, tables: dict[str, Table],
-                  loader_port: int, pids: dict[str, int], auth: NatsSettings) -> list[Step]:
-    names = Names()
-    nc = await jetstream.connect(nats_url, "bench-e2e", auth=auth)
-    js = nc.jetstream()
-    lake: list[tuple[int, float]] = []  # (committed CDC seq, first seen)
-
-    async def follow(stage: str, stream: str, subject: str) -> None:
-        """Count each table's rows as they arrive in `stream` (headers only: the counts are there)."""
-        reader = OrderedReader(js, stream, subject, 1, 1000, headers_only=True)
-        try:
-            while True:
-                for msg in await reader.fetch(wait_s=0.2):
-                    parts = msg.subject.split(".")
-                    t = tables.get(parts[-1])
-                    rows = int((msg.headers or {}).get("Binlake-Rows", 0))
-                    if t is None or parts[-2] != DB or not rows:
-                        continue
-                    log = t.raw if stage == "raw" else t.cdc
-                    log.append((msg.metadata.sequence.stream, (log[-1][1] if log else 0) + rows, time.time()))
-        finally:
-            await reader.close()
-
-    followers = [asyncio.create_task(follow("raw", names.raw_stream, names.raw_all)),
-                 asyncio.create_task(follow("cdc", names.cdc_stream, names.cdc_all))]
-    writer = Writers(mariadb, tables, args.writers)
+async def measure(args: argparse.Namespace, stack: Stack, tables: dict[str, Table]) -> list[Step]:
+    """Every step of `args.rates`, after an untimed warm-up; freshness of each step once all arrived."""
+    nc = await stack.connect()
+    writer = Writers(stack.mariadb, tables, args.writers)
+    followers = Followers(nc, tables, writer.lock)
     loop = asyncio.get_running_loop()
-
-    def lake_rows(t: Table) -> int:
-        if not lake:
-            return 0
-        i = bisect.bisect_right(t.cdc, (lake[-1][0], 1 << 62, 0.0))
-        return t.cdc[i - 1][1] if i else 0
+    lake: list[tuple[int, float]] = []  # (committed CDC seq, first seen)
+    pids = stack.pids()
 
     async def poll() -> tuple[float, float, float]:
         """How far RAW, CDC and the lake are behind the source (age of the oldest missing change, s)."""
-        seq = await loop.run_in_executor(None, loader_seq, loader_port)
+        seq = await loop.run_in_executor(None, loader_seq, stack.loader_port)
         now = time.time()
         if seq and (not lake or seq > lake[-1][0]):
             lake.append((seq, now))
         with writer.lock:
             raw = max(oldest_missing(t, t.raw[-1][1] if t.raw else 0, now) for t in tables.values())
             cdc = max(oldest_missing(t, t.cdc[-1][1] if t.cdc else 0, now) for t in tables.values())
-            lk = max(oldest_missing(t, lake_rows(t), now) for t in tables.values())
+            lk = max(oldest_missing(t, rows_at(t.cdc, lake[-1][0]) if lake else 0, now) for t in tables.values())
         return raw, cdc, lk
 
     async def settle(timeout_s: float) -> None:
         """Until every table's changes so far are in BINLAKE_CDC and in the lake."""
         deadline = time.time() + timeout_s
+        cdc = lk = 0.0
         while time.time() < deadline:
             _, cdc, lk = await poll()
             if cdc == 0 and lk == 0 and all(t.cdc for t in tables.values()):
@@ -303,7 +140,7 @@ async def measure(args: argparse.Namespace, mariadb: MariaDB, nats_url: str, tab
         await settle(600)
         for target in args.rates:
             step = Step(float(target), time.time())
-            cpu0 = {n: proc_cpu(p) for n, p in pids.items()}
+            cpu0 = {n: tree_cpu(p) for n, p in pids.items()}
             rows0 = writer.rows
             writer.set_rate(float(target))
             while time.time() < step.start + args.step_s:
@@ -316,7 +153,7 @@ async def measure(args: argparse.Namespace, mariadb: MariaDB, nats_url: str, tab
                 step.lake_lag.append((time.time(), lk))
             step.end = time.time()
             step.rows = writer.rows - rows0
-            step.cpu = {n: (proc_cpu(p) - cpu0[n]) / (step.end - step.start) for n, p in pids.items()}
+            step.cpu = {n: (tree_cpu(p) - cpu0[n]) / (step.end - step.start) for n, p in pids.items()}
             steps.append(step)
             print(report_line(step), flush=True)
             if not step.sustainable and not args.all:
@@ -331,25 +168,20 @@ async def measure(args: argparse.Namespace, mariadb: MariaDB, nats_url: str, tab
             await asyncio.sleep(POLL_S)
     finally:
         writer.stop()
-        for task in followers:
-            task.cancel()
-        await asyncio.gather(*followers, return_exceptions=True)
+        await followers.close()
         await nc.close()
-    first = steps[0]
     cdc_arrival = {t.name: [(done, at) for _, done, at in t.cdc] for t in tables.values()}
     lake_arrival: dict[str, list[tuple[int, float]]] = {}
     for t in tables.values():
         arr: list[tuple[int, float]] = []
         for seq, at in lake:
-            i = bisect.bisect_right(t.cdc, (seq, 1 << 62, 0.0))
-            if i and (not arr or t.cdc[i - 1][1] > arr[-1][0]):
-                arr.append((t.cdc[i - 1][1], at))
+            rows = rows_at(t.cdc, seq)
+            if rows and (not arr or rows > arr[-1][0]):
+                arr.append((rows, at))
         lake_arrival[t.name] = arr
-    fresh_cdc = latencies(tables, first.start, first.end, cdc_arrival)
-    fresh_lake = latencies(tables, first.start, first.end, lake_arrival)
-    print(f"freshness at {first.target:,.0f} rows/s: commit -> BINLAKE_CDC p50 {percentile(fresh_cdc, 50):,.0f} ms "
-          f"p99 {percentile(fresh_cdc, 99):,.0f} ms (n={len(fresh_cdc)}); commit -> lake p50 "
-          f"{percentile(fresh_lake, 50):,.0f} ms p99 {percentile(fresh_lake, 99):,.0f} ms (n={len(fresh_lake)})")
+    for step in steps:
+        step.fresh_cdc = latencies(tables, step.start, step.end, cdc_arrival)
+        step.fresh_lake = latencies(tables, step.start, step.end, lake_arrival)
     return steps
 
 
@@ -359,73 +191,55 @@ def report_line(s: Step) -> str:
             f"CDC {s.cdc_lag[-1][1]:5.1f} s "
             f"(max {max(lag for _, lag in s.cdc_lag):5.1f}), lake {s.lake_lag[-1][1]:5.1f} s "
             f"(max {max(lag for _, lag in s.lake_lag):5.1f}); {'sustainable' if s.sustainable else 'NOT sustainable'}"
-            f"\n    CPU: {cpu}")
+            f"\n    CPU (share of one core): {cpu}")
 
 
-def wait_for_loader(log: Path, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the loader exited:\n{tail(log)}")
-        if '"loader.start"' in log.read_text(errors="replace"):
-            return
-        time.sleep(0.5)
-    raise SystemExit(f"the loader did not start in {timeout_s:.0f} s:\n{tail(log)}")
+def freshness_line(s: Step) -> str:
+    return (f"freshness at {s.target:>7,.0f} rows/s: commit -> BINLAKE_CDC p50 {percentile(s.fresh_cdc, 50):,.0f} ms "
+            f"p99 {percentile(s.fresh_cdc, 99):,.0f} ms; commit -> lake p50 {percentile(s.fresh_lake, 50):,.0f} ms "
+            f"p99 {percentile(s.fresh_lake, 99):,.0f} ms (n={len(s.fresh_lake)})")
+
+
+def steady(args: argparse.Namespace, stack: Stack) -> int:
+    """The writers' highest rate with binlake stopped, then the steps with binlake running."""
+    alone = unpaced_rate(stack.mariadb, args.step_s, args.writers)
+    print(f"writers' highest rate with binlake stopped: {alone:,.0f} rows/s ({args.writers} connections, "
+          f"{args.step_s:.0f} s)", flush=True)
+    create_tables(stack.mariadb)
+    stack.start_services()
+    steps = asyncio.run(measure(args, stack, new_tables()))
+    for step in steps:
+        print(freshness_line(step))
+    best = max((s.target for s in steps if s.sustainable), default=0.0)
+    print(f"highest sustainable rate: {best:,.0f} rows/s; writers alone {alone:,.0f} rows/s; "
+          f"steady ratio {best / alone:.3f}")
+    return 0
 
 
 def run(args: argparse.Namespace, workdir: Path) -> int:
-    mariadb = start_mariadb(workdir / "mariadb", extra_args=DURABLE)
-    cfg = LauncherConfig(data_dir=str(workdir / "data"), sinks=2)
-    (workdir / "data").mkdir(parents=True, exist_ok=True)
-    # The services' own users, as `binlake up` runs them: the permission checks are part of the cost.
-    nats = start_nats(workdir / "nats", extra_args=["-c", str(login.server_config(workdir / "data", Names()))])
-    procs: list[subprocess.Popen[bytes]] = []
+    stack = Stack(workdir, nats_sync=args.nats_sync)
     try:
-        bulk = bulk_rate(mariadb)
-        print(f"source bulk write rate: {bulk:,.0f} rows/s (1,000-row INSERTs, {BULK_ROWS:,} rows)", flush=True)
-        mariadb.execute(f"CREATE DATABASE `{DB}`", *(
-            f"CREATE TABLE `{DB}`.`{t}` (id BIGINT PRIMARY KEY, a INT, b VARCHAR(40), c DECIMAL(12,2), d DATETIME(3))"
-            for t in TABLES))
-        source.record_url(workdir / "data", mariadb.dsn())  # the children read it from there
-        env = child_env(cfg, workdir / "data", nats.url)
-        asyncio.run(init.init(nats.url, login.admin(workdir / "data"), env))
-        env.update(BINLAKE_START="current", BINLAKE_LOG_LEVEL="warning")
-        loader_port = free_port()
-        logs = workdir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        pids: dict[str, int] = {}
-        for child in services(cfg, env, workdir / "data"):
-            child_env_ = dict(child.env)
-            if child.name == "loader":
-                child_env_.update(BINLAKE_METRICS_PORT=str(loader_port), BINLAKE_LOG_LEVEL="info")
-            proc = spawn(child.name, child_env_, logs / f"{child.name}.log", command=child.command)
-            procs.append(proc)
-            pids[child.name] = proc.pid
-        pids["nats-server"] = nats.proc.pid if nats.proc else 0
-        pids["mariadbd"] = mariadb.proc.pid if mariadb.proc else 0
-        pids["bench"] = os.getpid()
-        wait_for_loader(logs / "loader.log", procs[-1])
-        tables = {t: Table(t) for t in TABLES}
-        admin = login.admin(workdir / "data")
-        steps = asyncio.run(measure(args, mariadb, nats.url, tables, loader_port, pids, admin))
-        best = max((s.target for s in steps if s.sustainable), default=0.0)
-        print(f"highest sustainable rate: {best:,.0f} rows/s; source bulk write rate {bulk:,.0f} rows/s; "
-              f"ratio {best / bulk:.3f}")
-        return 0
+        stack.init()
+        if args.catch_up:
+            return catch_up(args, stack)
+        return steady(args, stack)
     finally:
-        stop_all(procs)
-        nats.stop()
-        mariadb.stop()
+        stack.close()
 
 
 def main() -> None:
     ap = arguments(__doc__, "keep servers' files and logs here (default: a temporary directory)")
-    ap.add_argument("--rates", type=int, nargs="+", default=[1000, 2000, 3000, 5000, 7500, 10000, 20000, 40000],
+    ap.add_argument("--rates", type=int, nargs="+", default=[1000, 2000, 3000, 5000, 7500, 10000, 15000, 20000, 30000],
                     help="target source rates, rows/s, one step each")
     ap.add_argument("--step-s", type=float, default=30.0, help="seconds each rate is held")
     ap.add_argument("--drain-s", type=float, default=60.0, help="seconds to wait for the last changes")
     ap.add_argument("--writers", type=int, default=4, help="source connections writing at once (2 tables each)")
     ap.add_argument("--all", action="store_true", help="run every step, also after an unsustainable one")
+    ap.add_argument("--nats-sync", default=LauncherConfig().nats_sync, metavar="INTERVAL",
+                    help="nats-server's JetStream sync_interval: always (binlake up's default), 1s, 2m (nats-server's)")
+    ap.add_argument("--catch-up", type=int, metavar="N", default=0,
+                    help="instead of the steps: N changes written while binlake is stopped, then the time to "
+                         "catch up (see bench/catch_up.py)")
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     run_in_workdir(run, ap.parse_args(), "binlake-bench-e2e-")
 
