@@ -11,7 +11,7 @@ from shared.errors import ConfigError
 
 @dataclass(frozen=True, kw_only=True)
 class StoreConfig(config.ServiceConfig):
-    max_batch_rows: int = 100_000  # rows a batch holds at most
+    max_batch_rows: int = 1_000_000  # rows a batch holds at most (a client asking for more gets this many)
     max_batch_bytes: int = 64 * 1024 * 1024  # a batch ends once its events hold this many bytes
     prefetch_bytes: int = 16 * 1024 * 1024  # what the store reads ahead per client, in bytes
     meta_timeout_s: float = 5.0  # deadline of one request to meta

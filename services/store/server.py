@@ -202,11 +202,13 @@ class StoreServer:
         max_rows = require({"max_rows": 1000, **req}, "max_rows", int)
         max_wait = float(require({"max_wait": 1.0, **req}, "max_wait", (int, float)))
         max_bytes = require({"max_bytes": self._max_bytes, **req}, "max_bytes", int)
-        if not 1 <= max_rows <= self._max_rows:
-            raise BadRequest(f"max_rows must be 1..{self._max_rows}")
+        if max_rows < 1:
+            raise BadRequest("max_rows must be at least 1")
         if max_bytes < 1:
             raise BadRequest("max_bytes must be at least 1")
-        max_bytes = min(max_bytes, self._max_bytes)  # the store's own bound (BINLAKE_MAX_BATCH_BYTES) holds
+        # The store's own bounds (BINLAKE_MAX_BATCH_ROWS, BINLAKE_MAX_BATCH_BYTES) hold whatever a client asks.
+        max_rows = min(max_rows, self._max_rows)
+        max_bytes = min(max_bytes, self._max_bytes)
         if not 0 <= max_wait <= 60:
             raise BadRequest("max_wait must be 0..60 seconds")
 
