@@ -24,10 +24,14 @@ class LoaderConfig(config.ServiceConfig):
     catalog_uri: str = ""  # jdbc:mysql://..., http://..., thrift://...
     catalog_options: dict[str, str] = field(default_factory=dict)  # more spark.sql.catalog.<catalog>.* settings
     batch_rows: int = 50_000  # rows the loader asks the store for per batch
+    # While behind (each batch full), the rows asked for double per batch up to this many: fewer,
+    # larger lake commits in a catch-up. The store's BINLAKE_MAX_BATCH_ROWS bounds it too.
+    catch_up_rows: int = 800_000
     batch_bytes: int = 64 * 1024 * 1024  # a batch from the store holds at most this many bytes of events
     flush_s: float = 5.0  # a batch waits at most this long for more rows
+    write_threads: int = 4  # lake tables appended at once when a batch holds only row changes for them
     merge_rows: int = 1_000_000  # merge the changelog into the current table at this many rows, or at BINLAKE_MERGE_S
-    merge_s: float = 300.0  # merge the changelog when its oldest change is this old (seconds)
+    merge_s: float = 300.0  # merge the changelog when its oldest change is this old (seconds; not while catching up)
     maintenance_s: float = 3600.0  # compaction and snapshot expiry every so often (0: never)
     keep_snapshots_s: float = 7 * 86400.0  # time travel window (older snapshots expire)
     retry_held_s: float = 600.0  # a table set aside is tried again this often (and at every start)
@@ -43,7 +47,7 @@ class LoaderConfig(config.ServiceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("batch_rows", "merge_rows", "batch_bytes"):
+        for name in ("batch_rows", "catch_up_rows", "merge_rows", "batch_bytes", "write_threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{config.env_name(name)} must be >= 1, got {getattr(self, name)}")
         for name in ("flush_s", "merge_s"):

@@ -69,10 +69,11 @@ class Loader:
         self.log.info("loader.start", committed=committed, acked=acked)
         await self._report_held()
         reader = ReadAhead(self._client, self._cfg.batch_rows, self._cfg.flush_s, self._lake.bases,
-                           max_bytes=self._cfg.batch_bytes)
+                           max_bytes=self._cfg.batch_bytes, catch_up_rows=self._cfg.catch_up_rows)
         try:
             while True:
                 fetched = await self._next(reader)
+                self._lake.behind = reader.behind
                 if fetched.batch.id is None or not _prepared(fetched).events:
                     if fetched.batch.id is None:  # the store had nothing more: the lake is as fresh as the source
                         self._lag.set(0)

@@ -6,6 +6,12 @@ and prepares what it returns in a worker thread while Spark writes the unit befo
 two halves overlap instead of adding up. Batches still come back one at a time and in the
 store's order, and nothing is acked here: a crash redelivers from the last ack.
 
+Behind the store (a backlog after an outage, a deploy or a first start), batches grow: each
+batch that comes back full (its rows as many as asked for, or its bytes the bound) doubles
+the rows asked for next, up to `catch_up_rows`; the first batch that is not full brings it
+back to `max_rows`. Fewer, larger lake commits while behind; small, fresh ones once caught up.
+Memory stays bounded by `max_bytes` per batch either way.
+
 Lake sequences are CDC sequences plus the base the lake gave the batch's BINLAKE_CDC
 (`Lake.bases`); a batch of a stream the lake has not seen comes unprepared, and the loader
 has the lake adopt the stream first. Nothing is left out here by sequence: each lake table's own
@@ -47,9 +53,12 @@ def decode(batch: Batch, base: int = 0) -> list[tuple[int, dict[str, Any]]]:
 
 class ReadAhead:
     def __init__(self, client: StoreClient, max_rows: int, max_wait_s: float, bases: Mapping[str, int], *,
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | None = None, catch_up_rows: int | None = None) -> None:
         self._client = client
         self._max_rows = max_rows
+        self._catch_up_rows = max(max_rows, catch_up_rows or max_rows)
+        self.asking = max_rows  # rows the next get asks for
+        self.behind = False  # the last batch came back full: more was waiting
         self._max_bytes = max_bytes
         self._max_wait_s = max_wait_s
         self._bases = bases
@@ -71,7 +80,11 @@ class ReadAhead:
             self._next = None
 
     async def _fetch(self) -> Fetched:
-        batch = await self._client.get(self._max_rows, self._max_wait_s, self._max_bytes)
+        asked = self.asking
+        batch = await self._client.get(asked, self._max_wait_s, self._max_bytes)
+        self.behind = batch.rows >= asked or (
+            self._max_bytes is not None and sum(map(len, batch.raw)) >= self._max_bytes)
+        self.asking = min(2 * asked, self._catch_up_rows) if self.behind else self._max_rows
         if batch.id is None:
             return Fetched(batch, frames.Prepared([], {}))
         base = self._bases.get(batch.stream)
