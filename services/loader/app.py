@@ -53,7 +53,7 @@ async def main(cfg: LoaderConfig) -> None:
             pattern = re.compile(cfg.filter)
             lake = Lake(spark[0], cfg.catalog, MergePolicy(cfg.merge_rows, cfg.merge_s),
                         include=lambda db, table: pattern.fullmatch(f"{db}.{table}") is not None,
-                        views=cfg.catalog_type != "hadoop")
+                        views=cfg.catalog_type != "hadoop", write_threads=cfg.write_threads)
             # An ack may wait behind the read-ahead's long poll: the store serves a client's verbs in turn.
             client = StoreClient(nc, cfg.client, source=cfg.source, prefix=cfg.prefix, timeout_s=30.0 + cfg.flush_s,
                                  api_prefix=cfg.nats_api_prefix)

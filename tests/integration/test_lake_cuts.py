@@ -184,3 +184,25 @@ def test_a_rename_table_publishes_a_cut_with_the_new_name(bank):
     new_half = (b.feed.seq + 1, {**old_half[1], "table": "acct2"})
     b.lake.apply(new_half[0], [old_half, new_half])
     assert read_cut(warehouse) == (new_half[0], {"bank.acct2": {1, 2}, "bank.ledger": {1, 2}})
+
+
+def test_merges_by_age_wait_while_the_loader_is_behind(bank):
+    """A catch-up does not merge every BINLAKE_MERGE_S: the tails merge once the lake caught up
+    (by rows they still merge: the tail a reader folds stays bounded)."""
+    b, warehouse = bank()
+    now = [0.0]
+    b.lake.clock = lambda: now[0]
+    b.lake.policy = MergePolicy(rows=10**6, age_s=10)
+    b.transaction()
+    now[0] = 100.0
+    b.lake.behind = True  # the loader's last batch came back full
+    b.transaction()
+    assert read_heads(warehouse) == {"bank.acct": set(), "bank.ledger": set()}
+    b.lake.behind = False
+    b.lake.merge_due(b.lake.committed)
+    assert read_heads(warehouse) == {"bank.acct": {1, 2}, "bank.ledger": {1, 2}}
+    b.lake.behind = True
+    b.lake.policy = MergePolicy(rows=5, age_s=10**9)
+    b.transaction()
+    b.transaction()  # acct's tail: 6 rows
+    assert read_heads(warehouse)["bank.acct"] == {1, 2, 3, 4}
