@@ -122,7 +122,7 @@ def start_bus(cfg: LauncherConfig, data: Path, ports: dict[str, int], max_store:
     """One nats-server, or with --nats-cluster N a cluster of N (its first node on the remembered port),
     each storing at most `max_store` bytes; either refuses connections without one of the data
     directory's logins."""
-    conf = login.server_config(data, Names(cfg.prefix), max_store=max_store)
+    conf = login.server_config(data, Names(cfg.prefix), max_store=max_store, sync=cfg.nats_sync)
     if cfg.nats_cluster == 1:
         return start_nats(data / "nats", port=ports.get("nats", cfg.nats_port), extra_args=["-c", str(conf)])
     first = ports.get("nats", cfg.nats_port)

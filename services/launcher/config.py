@@ -28,6 +28,10 @@ class LauncherConfig:
     # JetStream's storage limit per NATS node, e.g. 20G (K, M, G, T: powers of 1024); empty: three
     # quarters of what the data directory's disk has for it (free space plus what JetStream holds)
     nats_max_store: str = ""
+    # JetStream's sync_interval, how often nats-server fsyncs what it acknowledged: always (before
+    # every acknowledgement: a machine crash loses nothing acknowledged), or a duration such as 1s or
+    # 2m (nats-server's own default); docs/operations.md#durability
+    nats_sync: str = "always"
 
     def __post_init__(self) -> None:
         if not 1 <= self.nats_cluster <= 5:
@@ -39,6 +43,9 @@ class LauncherConfig:
         if self.nats_max_store and self.max_store_bytes is None:
             raise ConfigError(f"BINLAKE_NATS_MAX_STORE must be a size like 20G or 512M (bytes: K, M, G, T), "
                               f"got {self.nats_max_store!r}")
+        if not re.fullmatch(r"always|\d+(ms|s|m|h)", self.nats_sync):
+            raise ConfigError(f"BINLAKE_NATS_SYNC must be always or a duration like 1s, 500ms or 2m, "
+                              f"got {self.nats_sync!r}")
         if self.spark_workers < 0:
             raise ConfigError(f"--spark-workers (BINLAKE_SPARK_WORKERS) must be >= 0, got {self.spark_workers}")
 

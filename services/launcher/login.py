@@ -62,13 +62,16 @@ def route_password(data: Path) -> str:
     return secret(data / "nats-route")
 
 
-def server_config(data: Path, names: Names, *, max_store: int | None = None) -> Path:
+def server_config(data: Path, names: Names, *, max_store: int | None = None, sync: str = "") -> Path:
     """A nats-server configuration (`-c`) with every role's user: no connection without a login;
-    with `max_store`, JetStream's storage limit in bytes."""
+    with `max_store`, JetStream's storage limit in bytes; with `sync`, JetStream's `sync_interval`
+    (`always`: an fsync before every ack; docs/operations.md#durability)."""
     path = data / "nats-login.conf"
     passwords = {role: '"' + password(data, role) + '"' for role in permissions.ROLES}
-    limit = "" if max_store is None else f"jetstream {{\n  max_file_store: {max_store}\n}}\n"
-    write_private(path, limit + permissions.server_config(names, passwords))
+    js = ([f"  max_file_store: {max_store}"] if max_store is not None else []) + (
+        [f"  sync_interval: {sync}"] if sync else [])
+    block = "jetstream {\n" + "\n".join(js) + "\n}\n" if js else ""
+    write_private(path, block + permissions.server_config(names, passwords))
     return path
 
 

@@ -153,6 +153,25 @@ def test_a_store_limit_that_is_no_size_is_refused(setting: str) -> None:
         LauncherConfig(nats_max_store=setting)
 
 
+@pytest.mark.parametrize("setting", ["always", "1s", "500ms", "2m"])
+def test_the_sync_interval_reaches_the_nats_configuration(setting: str, tmp_path: Path) -> None:
+    from services.launcher import login
+    from shared.subjects import Names
+
+    assert LauncherConfig().nats_sync == "always"  # acknowledged means on disk, unless the operator says otherwise
+    text = login.server_config(tmp_path, Names(), max_store=1 << 30,
+                               sync=LauncherConfig(nats_sync=setting).nats_sync).read_text()
+    block = text.split("}", 1)[0]
+    assert block.startswith("jetstream {") and f"max_file_store: {1 << 30}" in block
+    assert f"sync_interval: {setting}" in block
+
+
+@pytest.mark.parametrize("setting", ["sometimes", "1.5s", "5", "always ", ""])
+def test_a_sync_interval_that_is_no_duration_is_refused(setting: str) -> None:
+    with pytest.raises(ConfigError, match="BINLAKE_NATS_SYNC must be always or a duration"):
+        LauncherConfig(nats_sync=setting)
+
+
 def test_the_default_store_limit_leaves_a_quarter_of_the_disk_and_counts_what_is_held(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from services.launcher import app
