@@ -40,6 +40,7 @@ class Batch:
     seqs: list[int]  # the BINLAKE_CDC sequence of each event
     partial: bool = False  # it ends inside a source transaction (one too large for a batch, or stuck)
     stream: str = ""  # the identity of the BINLAKE_CDC `seqs` count in (`shared.jetstream.StreamIdentity`)
+    full: bool = False  # it ended at a limit (rows, bytes), not at the wait: more was waiting in the store
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -111,7 +112,7 @@ class StoreClient:
             if objects.maybe_reference(data):
                 raw[i] = await objects.resolve(self._js, data, self._names.cdc_objects_bucket)
         return Batch(reply.get("batch_id"), raw, int(reply.get("rows", 0)), [int(s) for s in reply.get("seqs") or []],
-                     bool(reply.get("partial")), str(reply.get("stream_id") or ""))
+                     bool(reply.get("partial")), str(reply.get("stream_id") or ""), bool(reply.get("full")))
 
     async def ack(self, batch_id: int) -> int:
         return int((await self._call("ack", {"batch_id": batch_id}))["acked"])

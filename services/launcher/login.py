@@ -69,7 +69,7 @@ def server_config(data: Path, names: Names, *, max_store: int | None = None, syn
     path = data / "nats-login.conf"
     passwords = {role: '"' + password(data, role) + '"' for role in permissions.ROLES}
     js = ([f"  max_file_store: {max_store}"] if max_store is not None else []) + (
-        [f"  sync_interval: {sync}"] if sync else [])
+        [f'  sync_interval: "{sync}"'] if sync else [])  # quoted: nats-server reads a bare 2m as 2 million
     block = "jetstream {\n" + "\n".join(js) + "\n}\n" if js else ""
     write_private(path, block + permissions.server_config(names, passwords))
     return path

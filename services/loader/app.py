@@ -59,7 +59,10 @@ async def main(cfg: LoaderConfig) -> None:
                                  api_prefix=cfg.nats_api_prefix)
             maintenance = Maintenance(lake, cfg.maintenance_s, cfg.keep_snapshots_s)
             loader = Loader(cfg, client, lake, maintenance, registry, js, lake_thread, conditions)
-            await supervise_call(loader.run, cfg.restart, loader.log, conditions, "loader")
+            try:
+                await supervise_call(loader.run, cfg.restart, loader.log, conditions, "loader")
+            finally:
+                lake.close()
 
         async def drain() -> None:
             if spark:

@@ -31,7 +31,7 @@ class LoaderConfig(config.ServiceConfig):
     flush_s: float = 5.0  # a batch waits at most this long for more rows
     write_threads: int = 4  # lake tables appended at once when a batch holds only row changes for them
     merge_rows: int = 1_000_000  # merge the changelog into the current table at this many rows, or at BINLAKE_MERGE_S
-    merge_s: float = 300.0  # merge the changelog when its oldest change is this old (seconds; not while catching up)
+    merge_s: float = 300.0  # merge the changelog when its oldest change is this old (seconds; 4x while behind)
     maintenance_s: float = 3600.0  # compaction and snapshot expiry every so often (0: never)
     keep_snapshots_s: float = 7 * 86400.0  # time travel window (older snapshots expire)
     retry_held_s: float = 600.0  # a table set aside is tried again this often (and at every start)

@@ -10,6 +10,7 @@ options; MERGE, UPDATE and DELETE through `CommitMetadata.withCommitProperties`.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,7 @@ class Iceberg:
         assert jvm is not None
         self._jvm = jvm
         self._callbacks = False
+        self._callbacks_lock = threading.Lock()  # the lake's writer threads may each be the first
 
     def sql(self, text: str) -> DataFrame:
         return self.spark.sql(text)
@@ -156,11 +158,12 @@ class Iceberg:
 
     def commit_with(self, marker: Marker, fn: Callable[[], object]) -> None:
         """Run `fn` (MERGE / UPDATE / DELETE statements) with the marker on every commit it makes."""
-        if not self._callbacks:
-            gateway = self.spark.sparkContext._gateway
-            assert gateway is not None
-            gateway.start_callback_server()  # idempotent; py4j calls the Callable back through it
-            self._callbacks = True
+        with self._callbacks_lock:
+            if not self._callbacks:
+                gateway = self.spark.sparkContext._gateway
+                assert gateway is not None
+                gateway.start_callback_server()  # idempotent; py4j calls the Callable back through it
+                self._callbacks = True
         props = self._jvm.java.util.HashMap()
         for key, value in marker.props().items():
             props.put(key, value)

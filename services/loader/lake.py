@@ -85,6 +85,9 @@ class MergePolicy:
     age_s: float = 300.0  # seconds since the oldest un-merged change was appended
 
 
+CATCH_UP_AGE_FACTOR = 4  # a loader always behind still merges by age, BINLAKE_MERGE_S times this
+
+
 @dataclass
 class Lake:
     spark: SparkSession
@@ -288,7 +291,7 @@ class Lake:
             return 0
         alone = [k for k, steps in queues.items()
                  if k not in self.holds and steps and all(isinstance(s, Rows) for s in steps)
-                 and self.table(*k) is not None]
+                 and self._guarded(k, batch, partial(self.table, *k)) is not None]
         if len(alone) < 2:
             return 0
 
@@ -296,12 +299,20 @@ class Lake:
             return sum(self._guarded(key, batch, partial(self._step, key, step, batch, touched)) or 0
                        for step in queues[key])
 
-        futures = [self._writers.submit(run, key) for key in alone]
-        wait(futures)  # every one done before a failure is raised: nothing writes on behind it
-        written = sum(f.result() for f in futures)
+        futures = {key: self._writers.submit(run, key) for key in alone}
+        wait(futures.values())  # every one done before a failure is raised: nothing writes on behind it
+        failed = {key: exc for key, f in futures.items() if (exc := f.exception()) is not None}
+        for (db, name), exc in failed.items():
+            self.log.error("lake.append_failed", table=f"{db}.{name}", batch=batch, error=str(exc)[:500])
+        written = sum(f.result() for f in futures.values())
         for key in alone:
             queues[key] = []
         return written
+
+    def close(self) -> None:
+        """Let the writer threads end (a loader's term is over); an append under way finishes first."""
+        if self._writers is not None:
+            self._writers.shutdown(wait=False)
 
     def reached(self, batch: int) -> None:
         """The loader is at `batch`: below the last committed one, units come again (a rewind, or a
@@ -526,7 +537,9 @@ class Lake:
             if table is None or not table.tail_rows or key in self.holds or table.replace_open:
                 continue
             age = now - (now if table.tail_since is None else table.tail_since)
-            if table.tail_rows >= self.policy.rows or (age >= self.policy.age_s and not self.behind):
+            # Behind, a merge by age waits until the lake caught up, or for CATCH_UP_AGE_FACTOR times as long.
+            age_s = self.policy.age_s * (CATCH_UP_AGE_FACTOR if self.behind else 1)
+            if table.tail_rows >= self.policy.rows or age >= age_s:
                 self.merge_all(batch)
                 return
 

@@ -7,9 +7,9 @@ two halves overlap instead of adding up. Batches still come back one at a time a
 store's order, and nothing is acked here: a crash redelivers from the last ack.
 
 Behind the store (a backlog after an outage, a deploy or a first start), batches grow: each
-batch that comes back full (its rows as many as asked for, or its bytes the bound) doubles
-the rows asked for next, up to `catch_up_rows`; the first batch that is not full brings it
-back to `max_rows`. Fewer, larger lake commits while behind; small, fresh ones once caught up.
+batch the store says is `full` (it ended at a limit, the store's own included, not at the wait)
+doubles the rows asked for next, up to `catch_up_rows`; the first batch that is not full brings
+it back to `max_rows`. Fewer, larger lake commits while behind; small, fresh ones once caught up.
 Memory stays bounded by `max_bytes` per batch either way.
 
 Lake sequences are CDC sequences plus the base the lake gave the batch's BINLAKE_CDC
@@ -82,8 +82,7 @@ class ReadAhead:
     async def _fetch(self) -> Fetched:
         asked = self.asking
         batch = await self._client.get(asked, self._max_wait_s, self._max_bytes)
-        self.behind = batch.rows >= asked or (
-            self._max_bytes is not None and sum(map(len, batch.raw)) >= self._max_bytes)
+        self.behind = batch.full
         self.asking = min(2 * asked, self._catch_up_rows) if self.behind else self._max_rows
         if batch.id is None:
             return Fetched(batch, frames.Prepared([], {}))

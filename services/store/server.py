@@ -215,7 +215,7 @@ class StoreServer:
         async def attempt() -> dict[str, Any]:
             state, revision = await self._load(client)
             await self._check_stream(state)
-            events, seqs, rows, end, partial = await self._read(state, max_rows, max_wait, max_bytes)
+            events, seqs, rows, end, partial, full = await self._read(state, max_rows, max_wait, max_bytes)
             if end == state.delivered:
                 return {"batch_id": None, "events": [], "seqs": [], "rows": 0, "stream_id": state.stream}
             if not events and not state.batches:
@@ -232,6 +232,8 @@ class StoreServer:
                                      "stream_id": state.stream}
             if partial:
                 reply["partial"] = True  # it ends inside a source transaction
+            if full:
+                reply["full"] = True  # it ended at a limit, not at the wait: more was there
             return reply
 
         async def forget_position() -> None:  # what it read ahead belongs to the state that lost
@@ -258,9 +260,10 @@ class StoreServer:
             raise RpcError(STREAM_REDEFINED, str(exc)) from None
 
     async def _read(self, state: ClientState, max_rows: int, max_wait: float,
-                    max_bytes: int) -> tuple[list[bytes], list[int], int, int, bool]:
+                    max_bytes: int) -> tuple[list[bytes], list[int], int, int, bool, bool]:
         """Events after `state.delivered` for this client: (envelopes, their CDC sequences, rows, the
-        last sequence the batch covers, whether it ends inside a source transaction).
+        last sequence the batch covers, whether it ends inside a source transaction, whether it
+        ended at a limit rather than at the wait).
 
         A batch ends at `max_rows` rows or once its events hold `max_bytes` (at least one event),
         then at the last place where no source transaction is open (`batches.OpenTxns`). To get
@@ -362,7 +365,7 @@ class StoreServer:
             pos.stuck = None
         if pos.reader.opens > max(opens, 1):  # a consumer made during this get may read a stream defined again
             await self._check_stream(state)
-        return events, seqs, rows, taken, partial
+        return events, seqs, rows, taken, partial, full
 
     async def ack(self, req: dict[str, Any]) -> dict[str, Any]:
         client = require_client(req)

@@ -18,7 +18,7 @@ import pytest
 from pyiceberg.table import StaticTable
 from pyspark.sql import SparkSession
 
-from services.loader.lake import Lake, MergePolicy
+from services.loader.lake import CATCH_UP_AGE_FACTOR, Lake, MergePolicy
 from services.loader.naming import BOOK_NAMESPACE, CUT_TAG, CUTS_TABLE
 from services.loader.spark import CatalogConfig, register
 from tests.integration.lake_feed import Feed
@@ -187,14 +187,15 @@ def test_a_rename_table_publishes_a_cut_with_the_new_name(bank):
 
 
 def test_merges_by_age_wait_while_the_loader_is_behind(bank):
-    """A catch-up does not merge every BINLAKE_MERGE_S: the tails merge once the lake caught up
-    (by rows they still merge: the tail a reader folds stays bounded)."""
+    """A catch-up does not merge every BINLAKE_MERGE_S: the tails merge once the lake caught up, or
+    after CATCH_UP_AGE_FACTOR times as long (a loader that stays behind); by rows they still merge
+    (the tail a reader folds stays bounded)."""
     b, warehouse = bank()
     now = [0.0]
     b.lake.clock = lambda: now[0]
     b.lake.policy = MergePolicy(rows=10**6, age_s=10)
     b.transaction()
-    now[0] = 100.0
+    now[0] = 10 * CATCH_UP_AGE_FACTOR - 1
     b.lake.behind = True  # the loader's last batch came back full
     b.transaction()
     assert read_heads(warehouse) == {"bank.acct": set(), "bank.ledger": set()}
@@ -202,7 +203,11 @@ def test_merges_by_age_wait_while_the_loader_is_behind(bank):
     b.lake.merge_due(b.lake.committed)
     assert read_heads(warehouse) == {"bank.acct": {1, 2}, "bank.ledger": {1, 2}}
     b.lake.behind = True
+    b.transaction()  # its tail starts now
+    now[0] += 10 * CATCH_UP_AGE_FACTOR
+    b.lake.merge_due(b.lake.committed)
+    assert read_heads(warehouse) == {"bank.acct": {1, 2, 3}, "bank.ledger": {1, 2, 3}}
     b.lake.policy = MergePolicy(rows=5, age_s=10**9)
     b.transaction()
     b.transaction()  # acct's tail: 6 rows
-    assert read_heads(warehouse)["bank.acct"] == {1, 2, 3, 4}
+    assert read_heads(warehouse)["bank.acct"] == {1, 2, 3, 4, 5}

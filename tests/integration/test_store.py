@@ -406,7 +406,11 @@ async def test_protocol_errors_are_clear(stack: Stack) -> None:
     # more rows than the store's bound: served, with at most its bound (as bytes are)
     await stack.client("big").subscribe(filter=stack.table_filter())
     body = await raw_request(nc, "get", msgpack.packb({"client": "big", "max_rows": MAX_BATCH_ROWS + 1}))
-    assert body["ok"] is True and 0 < body["rows"] <= MAX_BATCH_ROWS, body
+    assert body["ok"] is True and 0 < body["rows"] <= MAX_BATCH_ROWS and "full" not in body, body  # ended at the wait
+    # a batch that ended at its limit says so (the loader grows its batches while they do)
+    await stack.client("small").subscribe(filter=stack.table_filter())
+    body = await raw_request(nc, "get", msgpack.packb({"client": "small", "max_rows": 1}))
+    assert body["ok"] is True and body["full"] is True, body
     # a refused subscribe creates nothing
     for name in ("new1", "new2", "new3", "new4", "new5", "new6"):
         await refused(stack.client(name).get(max_wait=0), "unknown_client", "is not subscribed")

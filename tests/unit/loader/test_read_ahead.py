@@ -139,54 +139,46 @@ async def test_close_cancels_the_get_in_flight() -> None:
 
 
 class Backlog:
-    """A store with `waiting` single-row messages: each get hands out as many as asked for (all it has)."""
+    """A store with `waiting` single-row messages, at most `bound` rows a batch (its own limit):
+    each get hands out as many as asked for, and says whether more was there."""
 
-    def __init__(self, waiting: int) -> None:
+    def __init__(self, waiting: int, bound: int = 1 << 30) -> None:
         self.waiting = waiting
+        self.bound = bound
         self.next_seq = 1
         self.asked: list[int] = []
 
     async def get(self, max_rows: int = 1000, max_wait: float = 1.0, max_bytes: int | None = None) -> Batch:
         self.asked.append(max_rows)
-        n = min(max_rows, self.waiting)
+        n = min(max_rows, self.bound, self.waiting)
         if not n:
             return Batch(None, [], 0, [])
         seqs = list(range(self.next_seq, self.next_seq + n))
         self.next_seq += n
         self.waiting -= n
-        return batch(*seqs)
+        return replace(batch(*seqs), full=self.waiting > 0 and n == min(max_rows, self.bound))
 
 
 async def test_behind_the_store_batches_grow_to_the_catch_up_bound_and_shrink_once_caught_up() -> None:
     """A backlog is loaded in fewer, larger lake commits; a fresh lake gets small ones again."""
     store = Backlog(1000 + 2000 + 4000 + 8000 + 8000 + 500)
     ahead = ReadAhead(store, 1000, 0.1, {"": 0}, catch_up_rows=8000)  # type: ignore[arg-type]
-    sizes, behind = [], []
+    sizes = []
     for _ in range(7):
         fetched = await ahead.next()
         sizes.append(fetched.batch.rows)
-        behind.append(ahead.behind)
     await ahead.close()
     assert sizes[:6] == [1000, 2000, 4000, 8000, 8000, 500]
     assert store.asked[:7] == [1000, 2000, 4000, 8000, 8000, 8000, 1000]
     assert sizes[6] == 0
 
 
-async def test_a_batch_full_by_its_bytes_counts_as_behind() -> None:
-    two = batch(1, 2)
-    store = Store([two, batch(3)])
-    asked: list[int] = []
-    get = store.get
-
-    async def recording(max_rows: int = 1000, max_wait: float = 1.0, max_bytes: int | None = None) -> Batch:
-        asked.append(max_rows)
-        return await get(max_rows, max_wait, max_bytes)
-
-    store.get = recording  # type: ignore[method-assign]
-    size = sum(len(r) for r in two.raw)
-    ahead = ReadAhead(store, 4, 0.1, {"": 0}, max_bytes=size, catch_up_rows=64)  # type: ignore[arg-type]
-    first = await ahead.next()
-    assert first.batch.rows == 2 and ahead.behind  # 2 rows of the 4 asked for, but all the bytes
-    await ahead.next()
+async def test_a_batch_the_store_ended_at_its_own_bound_counts_as_behind() -> None:
+    """The store's BINLAKE_MAX_BATCH_ROWS below what the loader asks for: still behind, still growing."""
+    store = Backlog(10_000, bound=1500)
+    ahead = ReadAhead(store, 1000, 0.1, {"": 0}, catch_up_rows=8000)  # type: ignore[arg-type]
+    for _ in range(4):
+        await ahead.next()
+        assert ahead.behind
     await ahead.close()
-    assert asked[:2] == [4, 8]
+    assert store.asked[:4] == [1000, 2000, 4000, 8000]
