@@ -64,13 +64,14 @@ def tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
-def proc_cpu(pid: int) -> float:
-    """utime+stime of a live process in seconds (0 if unreadable)."""
+def proc_cpu(pid: int, *, reaped: bool = False) -> float:
+    """utime+stime of a live process in seconds (0 if unreadable); with `reaped`, plus those of
+    its children it has waited for (Spark's launcher JVM, gone before the driver JVM runs)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(f) for f in fields[11:15 if reaped else 13]) / os.sysconf("SC_CLK_TCK")
 
 
 def proc_peak_rss(pid: int) -> int:

@@ -8,6 +8,9 @@ of 1-50 rows (inserts, updates, deletes; one table per transaction), paced or as
 can; `Followers` count every table's rows as they reach BINLAKE_RAW and BINLAKE_CDC (headers
 only: the counts are there), and the loader's `binlake_loader_committed_seq` says what the lake
 holds.
+
+Not a benchmark of its own: bench/e2e.py (steady ratio against the writers alone) and
+bench/catch_up.py (catch-up ratio against the bare mysql-replication loop) measure with it.
 """
 
 from __future__ import annotations
@@ -240,16 +243,6 @@ def loader_seq(port: int) -> int:
     return 0
 
 
-def _cpu_with_reaped(pid: int) -> float:
-    """utime+stime of a live process plus those of its children it has waited for (Spark's
-    launcher JVM, gone before the driver JVM runs)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
 def tree_cpu(pid: int) -> float:
     """CPU seconds of a process and its descendants (the loader's JVM is its child); this
     benchmark's own process alone (the services are its children)."""
@@ -267,7 +260,7 @@ def tree_cpu(pid: int) -> float:
     total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
-        total += _cpu_with_reaped(p)
+        total += proc_cpu(p, reaped=True)
         todo.extend(children.get(p, ()))
     return total
 

@@ -11,6 +11,8 @@ from shared.errors import ConfigError
 @pytest.mark.parametrize(("env", "message"), [
     ({"BINLAKE_BATCH_ROWS": "0"}, "BINLAKE_BATCH_ROWS must be >= 1"),
     ({"BINLAKE_MERGE_ROWS": "0"}, "BINLAKE_MERGE_ROWS must be >= 1"),
+    ({"BINLAKE_CATCH_UP_ROWS": "0"}, "BINLAKE_CATCH_UP_ROWS must be >= 1"),
+    ({"BINLAKE_WRITE_THREADS": "0"}, "BINLAKE_WRITE_THREADS must be >= 1"),
     ({"BINLAKE_FLUSH_S": "0"}, "BINLAKE_FLUSH_S must be > 0"),
     ({"BINLAKE_FLUSH_S": "61"}, "BINLAKE_FLUSH_S must be at most 60"),
     ({"BINLAKE_MERGE_S": "-1"}, "BINLAKE_MERGE_S must be > 0"),
