@@ -43,7 +43,7 @@ class LauncherConfig:
         if self.nats_max_store and self.max_store_bytes is None:
             raise ConfigError(f"BINLAKE_NATS_MAX_STORE must be a size like 20G or 512M (bytes: K, M, G, T), "
                               f"got {self.nats_max_store!r}")
-        if not re.fullmatch(r"always|[1-9]\d*(ms|s|m|h)", self.nats_sync):
+        if not re.fullmatch(r"always|[1-9][0-9]{0,5}(ms|s|m|h)", self.nats_sync, re.ASCII):
             raise ConfigError(f"BINLAKE_NATS_SYNC must be always or a duration like 1s, 500ms or 2m, "
                               f"got {self.nats_sync!r}")
         if self.spark_workers < 0:

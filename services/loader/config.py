@@ -11,6 +11,9 @@ from services.loader.spark import CatalogConfig
 from shared import config
 from shared.errors import ConfigError
 
+MAX_BATCH_ROWS = 100_000_000  # beyond any store's batch (64 MiB of events): a typo, not a setting
+MAX_WRITE_THREADS = 64  # each a py4j connection and a concurrent Iceberg commit
+
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig(config.ServiceConfig):
@@ -50,6 +53,10 @@ class LoaderConfig(config.ServiceConfig):
         for name in ("batch_rows", "catch_up_rows", "merge_rows", "batch_bytes", "write_threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{config.env_name(name)} must be >= 1, got {getattr(self, name)}")
+        for name, most in (("batch_rows", MAX_BATCH_ROWS), ("catch_up_rows", MAX_BATCH_ROWS),
+                           ("write_threads", MAX_WRITE_THREADS)):
+            if getattr(self, name) > most:
+                raise ConfigError(f"{config.env_name(name)} must be at most {most:,}, got {getattr(self, name)}")
         for name in ("flush_s", "merge_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{config.env_name(name)} must be > 0, got {getattr(self, name)}")

@@ -310,9 +310,10 @@ class Lake:
         return written
 
     def close(self) -> None:
-        """Let the writer threads end (a loader's term is over); an append under way finishes first."""
+        """End the writer threads (a loader's term is over): appends not begun are cancelled (the
+        unit then fails), one under way finishes or is cancelled with Spark's jobs."""
         if self._writers is not None:
-            self._writers.shutdown(wait=False)
+            self._writers.shutdown(wait=False, cancel_futures=True)
 
     def reached(self, batch: int) -> None:
         """The loader is at `batch`: below the last committed one, units come again (a rewind, or a

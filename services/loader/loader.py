@@ -73,10 +73,11 @@ class Loader:
         try:
             while True:
                 fetched = await self._next(reader)
-                self._lake.behind = reader.behind
+                self._lake.behind = fetched.batch.full  # this batch's, not the read-ahead's next one
                 if fetched.batch.id is None or not _prepared(fetched).events:
-                    if fetched.batch.id is None:  # the store had nothing more: the lake is as fresh as the source
-                        self._lag.set(0)
+                    if fetched.batch.id is None:
+                        if not fetched.batch.full:  # the store had nothing more: the lake is as fresh as the source
+                            self._lag.set(0)
                     else:  # nothing for the lake (other sources' messages)
                         self._lake.reached(fetched.end)
                         await self._client.ack(fetched.batch.id)

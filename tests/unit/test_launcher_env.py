@@ -166,7 +166,8 @@ def test_the_sync_interval_reaches_the_nats_configuration(setting: str, tmp_path
     assert f'sync_interval: "{setting}"' in block  # a bare 2m is 2,000,000 seconds to nats-server
 
 
-@pytest.mark.parametrize("setting", ["sometimes", "1.5s", "5", "always ", "", "0s"])
+@pytest.mark.parametrize("setting", ["sometimes", "1.5s", "5", "always ", "", "0s", "1\u0663s", "9999999h",
+                                     "always\n"])
 def test_a_sync_interval_that_is_no_duration_is_refused(setting: str) -> None:
     with pytest.raises(ConfigError, match="BINLAKE_NATS_SYNC must be always or a duration"):
         LauncherConfig(nats_sync=setting)
